@@ -1,0 +1,161 @@
+"""Reference models in plain JAX, shared by tests, benchmarks and notebooks.
+
+Each factory returns a `Model`: a scalar loss `loss(params, batch)`, and
+initial params and a batch built from a seed. Sizes are arguments, so tests
+use small ones and benchmarks large ones.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+
+
+@dataclass(frozen=True)
+class Model:
+    name: str
+    loss: Callable[[Any, Any], jax.Array]
+    params: Any
+    batch: Any
+
+
+def mlp_chain(layers: int = 64, width: int = 256, batch: int = 2048, seed: int = 0) -> Model:
+    """A deep tanh MLP: the linear chain of Theorem 3.1 in practice."""
+    keys = jax.random.split(jax.random.PRNGKey(seed), layers + 1)
+    params = [jax.random.normal(k, (width, width), jnp.float32) / jnp.sqrt(width) for k in keys[:-1]]
+    x = jax.random.normal(keys[-1], (batch, width), jnp.float32)
+
+    def loss(params, x):
+        h = x
+        for w in params:
+            h = jnp.tanh(h @ w)
+        return jnp.mean(h**2)
+
+    return Model(f"mlp{layers}x{width}_b{batch}", loss, params, x)
+
+
+def _batch_norm(x, scale, bias, eps=1e-5):
+    mean = jnp.mean(x, axis=(0, 1, 2))
+    var = jnp.var(x, axis=(0, 1, 2))
+    return (x - mean) * lax.rsqrt(var + eps) * scale + bias
+
+
+def _conv(x, w):
+    return lax.conv_general_dilated(x, w, (1, 1), "SAME", dimension_numbers=("NHWC", "HWIO", "NHWC"))
+
+
+def resnet(blocks: int = 4, channels: int = 16, image: int = 16, batch: int = 8, classes: int = 10, seed: int = 0) -> Model:
+    """A residual CNN with batch norm (batch statistics), ReLU and a linear head."""
+    keys = iter(jax.random.split(jax.random.PRNGKey(seed), 4 * blocks + 4))
+
+    def conv_init(cin, cout):
+        return jax.random.normal(next(keys), (3, 3, cin, cout), jnp.float32) * jnp.sqrt(2.0 / (9 * cin))
+
+    params = {
+        "stem": conv_init(3, channels),
+        "blocks": [
+            {
+                "conv1": conv_init(channels, channels),
+                "bn1": (jnp.ones(channels), jnp.zeros(channels)),
+                "conv2": conv_init(channels, channels),
+                "bn2": (jnp.ones(channels), jnp.zeros(channels)),
+            }
+            for _ in range(blocks)
+        ],
+        "head": jax.random.normal(next(keys), (channels, classes), jnp.float32) / jnp.sqrt(channels),
+    }
+    images = jax.random.normal(next(keys), (batch, image, image, 3), jnp.float32)
+    labels = jax.random.randint(next(keys), (batch,), 0, classes)
+
+    def loss(params, batch):
+        x, y = batch
+        h = jax.nn.relu(_conv(x, params["stem"]))
+        for p in params["blocks"]:
+            r = jax.nn.relu(_batch_norm(_conv(h, p["conv1"]), *p["bn1"]))
+            r = _batch_norm(_conv(r, p["conv2"]), *p["bn2"])
+            h = jax.nn.relu(h + r)
+        logits = jnp.mean(h, axis=(1, 2)) @ params["head"]
+        return -jnp.mean(jnp.take_along_axis(jax.nn.log_softmax(logits), y[:, None], axis=1))
+
+    return Model(f"resnet{blocks}x{channels}_b{batch}", loss, params, (images, labels))
+
+
+def _layer_norm(x, scale, bias, eps=1e-5):
+    mean = jnp.mean(x, axis=-1, keepdims=True)
+    var = jnp.var(x, axis=-1, keepdims=True)
+    return (x - mean) * lax.rsqrt(var + eps) * scale + bias
+
+
+def transformer(
+    blocks: int = 4, dim: int = 64, heads: int = 4, seq: int = 32, batch: int = 4, vocab: int = 128, seed: int = 0
+) -> Model:
+    """A pre-norm decoder: causal self-attention, layer norm, GELU MLP."""
+    keys = iter(jax.random.split(jax.random.PRNGKey(seed), 6 * blocks + 4))
+
+    def dense(i, o):
+        return jax.random.normal(next(keys), (i, o), jnp.float32) / jnp.sqrt(i)
+
+    params = {
+        "embed": jax.random.normal(next(keys), (vocab, dim), jnp.float32) * 0.02,
+        "blocks": [
+            {
+                "ln1": (jnp.ones(dim), jnp.zeros(dim)),
+                "qkv": dense(dim, 3 * dim),
+                "proj": dense(dim, dim),
+                "ln2": (jnp.ones(dim), jnp.zeros(dim)),
+                "up": dense(dim, 4 * dim),
+                "down": dense(4 * dim, dim),
+            }
+            for _ in range(blocks)
+        ],
+        "ln_f": (jnp.ones(dim), jnp.zeros(dim)),
+    }
+    tokens = jax.random.randint(next(keys), (batch, seq + 1), 0, vocab)
+
+    def attention(x, p):
+        b, t, d = x.shape
+        q, k, v = jnp.split(x @ p["qkv"], 3, axis=-1)
+        split = lambda a: a.reshape(b, t, heads, d // heads).transpose(0, 2, 1, 3)  # noqa: E731
+        q, k, v = split(q), split(k), split(v)
+        scores = q @ k.transpose(0, 1, 3, 2) / jnp.sqrt(d // heads)
+        mask = jnp.tril(jnp.ones((t, t), bool))
+        scores = jnp.where(mask, scores, -1e9)
+        out = jax.nn.softmax(scores, axis=-1) @ v
+        return out.transpose(0, 2, 1, 3).reshape(b, t, d) @ p["proj"]
+
+    def loss(params, tokens):
+        inputs, targets = tokens[:, :-1], tokens[:, 1:]
+        x = params["embed"][inputs]
+        for p in params["blocks"]:
+            x = x + attention(_layer_norm(x, *p["ln1"]), p)
+            x = x + jax.nn.gelu(_layer_norm(x, *p["ln2"]) @ p["up"]) @ p["down"]
+        logits = _layer_norm(x, *params["ln_f"]) @ params["embed"].T
+        logp = jax.nn.log_softmax(logits)
+        return -jnp.mean(jnp.take_along_axis(logp, targets[..., None], axis=-1))
+
+    return Model(f"transformer{blocks}x{dim}_s{seq}_b{batch}", loss, params, tokens)
+
+
+def rnn(steps: int = 32, hidden: int = 64, features: int = 16, batch: int = 8, seed: int = 0) -> Model:
+    """A tanh RNN over time written with `lax.scan` (unrolled by jdtr)."""
+    k1, k2, k3, k4 = jax.random.split(jax.random.PRNGKey(seed), 4)
+    params = {
+        "w_in": jax.random.normal(k1, (features, hidden), jnp.float32) / jnp.sqrt(features),
+        "w_h": jax.random.normal(k2, (hidden, hidden), jnp.float32) / jnp.sqrt(hidden),
+        "w_out": jax.random.normal(k3, (hidden, 1), jnp.float32) / jnp.sqrt(hidden),
+    }
+    xs = jax.random.normal(k4, (steps, batch, features), jnp.float32)
+
+    def loss(params, xs):
+        def cell(h, x):
+            h = jnp.tanh(x @ params["w_in"] + h @ params["w_h"])
+            return h, h @ params["w_out"]
+
+        _, ys = lax.scan(cell, jnp.zeros((xs.shape[1], params["w_h"].shape[0])), xs)
+        return jnp.mean(ys**2)
+
+    return Model(f"rnn{steps}x{hidden}_b{batch}", loss, params, xs)

@@ -1,0 +1,41 @@
+"""The DTR algorithm itself: no JAX here, so it runs on device buffers and in simulation alike."""
+
+from .errors import OutOfBudgetError as OutOfBudgetError
+from .errors import format_bytes as format_bytes
+from .graph import Operator as Operator
+from .graph import Storage as Storage
+from .graph import Tensor as Tensor
+from .heuristics import HEURISTICS as HEURISTICS
+from .heuristics import Heuristic as Heuristic
+from .heuristics import evicted_neighborhood as evicted_neighborhood
+from .heuristics import get_heuristic as get_heuristic
+from .observer import Counters as Counters
+from .observer import Observer as Observer
+from .observer import Timeline as Timeline
+from .observer import TimelineEvent as TimelineEvent
+from .runtime import DEALLOC_POLICIES as DEALLOC_POLICIES
+from .runtime import Backend as Backend
+from .runtime import NullBackend as NullBackend
+from .runtime import Runtime as Runtime
+from .runtime import ThrashError as ThrashError
+
+__all__ = [
+    "Backend",
+    "Counters",
+    "DEALLOC_POLICIES",
+    "HEURISTICS",
+    "Heuristic",
+    "NullBackend",
+    "Observer",
+    "Operator",
+    "OutOfBudgetError",
+    "Runtime",
+    "Storage",
+    "Tensor",
+    "ThrashError",
+    "Timeline",
+    "TimelineEvent",
+    "evicted_neighborhood",
+    "format_bytes",
+    "get_heuristic",
+]

@@ -1,0 +1,57 @@
+"""Errors raised by the DTR runtime."""
+
+from __future__ import annotations
+
+from typing import Optional
+
+
+def format_bytes(n: float) -> str:
+    """Human-readable bytes in binary units: 1536 -> '1.50 KiB'."""
+    n = float(n)
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(n) < 1024 or unit == "TiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.2f} {unit}"
+        n /= 1024
+    raise AssertionError("unreachable")
+
+
+class OutOfBudgetError(MemoryError):
+    """The budget cannot hold what one operation needs, even after evicting all it may.
+
+    Attributes:
+      needed_bytes: bytes the operation had to allocate.
+      free_bytes: bytes left under the budget after every possible eviction.
+      pinned_bytes: bytes that can never be evicted (arguments, constants,
+        outputs of effectful operations).
+      locked_bytes: bytes held resident by the operation in flight (its inputs
+        and pending rematerializations).
+      budget_bytes: the budget.
+      op_name: the primitive that did not fit.
+      source: the user's source line of that primitive, when known.
+    """
+
+    def __init__(
+        self,
+        needed_bytes: int,
+        free_bytes: int,
+        pinned_bytes: int,
+        locked_bytes: int,
+        budget_bytes: int,
+        op_name: str,
+        source: Optional[str] = None,
+    ):
+        self.needed_bytes = needed_bytes
+        self.free_bytes = free_bytes
+        self.pinned_bytes = pinned_bytes
+        self.locked_bytes = locked_bytes
+        self.budget_bytes = budget_bytes
+        self.op_name = op_name
+        self.source = source
+        where = f" at {source}" if source else ""
+        super().__init__(
+            f"`{op_name}`{where} needs {format_bytes(needed_bytes)} ({needed_bytes} bytes) but only "
+            f"{format_bytes(free_bytes)} of the {format_bytes(budget_bytes)} budget ({budget_bytes} bytes) "
+            f"can be made free: {format_bytes(pinned_bytes)} is pinned (arguments, constants, outputs, "
+            f"effects) and {format_bytes(locked_bytes)} is locked by the operation in flight. "
+            f"Raise the budget to at least about {format_bytes(pinned_bytes + locked_bytes + needed_bytes)}."
+        )

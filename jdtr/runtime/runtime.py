@@ -1,0 +1,390 @@
+"""The DTR runtime: allocation, eviction, rematerialization, deallocation.
+
+This is Figure 1 of the paper made exact by App. C.4: every operator call
+locks its inputs, rematerializes the undefined ones (recursively), reserves
+memory for its outputs by evicting the storages the heuristic scores lowest,
+and runs. The runtime knows nothing of JAX: a `Backend` runs operators on
+buffers (device arrays, or nothing at all in simulation), so the same
+decisions are taken on a GPU and in the simulator.
+
+Invariant kept at every step: `memory <= budget_bytes`, where `memory` is the
+sum of the sizes of resident storages plus the outputs being allocated.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Optional, Protocol, Sequence
+
+from .errors import OutOfBudgetError
+from .graph import Operator, Storage, Tensor
+from .heuristics import Heuristic, get_heuristic
+from .observer import Observer
+
+DEALLOC_POLICIES = ("eager", "banish", "ignore")
+
+
+class Backend(Protocol):
+    """Runs operators on buffers. Buffers are opaque to the runtime."""
+
+    def compute(self, op: Operator, args: list[Any]) -> tuple[list[Any], Optional[float]]:
+        """Runs `op` on the input buffers; returns its output buffers and,
+        if it measured one, the elapsed time (used when `op.cost` is None)."""
+
+    def free(self, buffer: Any) -> None:
+        """Releases a buffer the runtime owns."""
+
+
+class NullBackend:
+    """A backend without buffers: the simulator's."""
+
+    def compute(self, op: Operator, args: list[Any]) -> tuple[list[Any], Optional[float]]:
+        return [None] * len(op.outputs), None
+
+    def free(self, buffer: Any) -> None:
+        pass
+
+
+class ThrashError(RuntimeError):
+    """Rematerialization compute exceeded the limit (the simulator's "thrash")."""
+
+
+class Runtime:
+    """One DTR run under a byte budget.
+
+    Args:
+      backend: runs operators and frees buffers.
+      budget_bytes: the most memory resident at any time.
+      heuristic: a name from `jdtr.runtime.HEURISTICS` or a `Heuristic`.
+      dealloc: what a dropped last reference does (App. C.5): "eager" evicts
+        the storage, "banish" frees it for good once nothing evicted needs it,
+        "ignore" does nothing.
+      observers: telemetry receivers.
+      remat_limit: raise `ThrashError` once rematerialization cost exceeds it.
+    """
+
+    def __init__(
+        self,
+        backend: Backend,
+        budget_bytes: float,
+        heuristic: "str | Heuristic" = "dtr_eq",
+        dealloc: str = "eager",
+        observers: Sequence[Observer] = (),
+        remat_limit: Optional[float] = None,
+    ):
+        if dealloc not in DEALLOC_POLICIES:
+            raise ValueError(f"unknown dealloc policy {dealloc!r}; expected one of {DEALLOC_POLICIES}")
+        self.backend = backend
+        self.budget_bytes = budget_bytes
+        self.heuristic = get_heuristic(heuristic)
+        self.dealloc = dealloc
+        self.observers = list(observers)
+        self.remat_limit = remat_limit
+        self.memory = 0
+        self.pinned_bytes = 0
+        self.clock = 1.0  # as the paper's simulator: overhead = clock / baseline
+        self.remat_cost = 0.0
+        self.pool: dict[Storage, None] = {}  # evictable storages, oldest first
+        self.storages: list[Storage] = []
+        self._pending_banish: dict[Storage, None] = {}
+        self._ids = 0
+
+    # ----------------------------------------------------------------- creation
+
+    def _next_id(self) -> int:
+        self._ids += 1
+        return self._ids
+
+    def constant(self, size: int, buffer: Any = None, name: Optional[str] = None, external: bool = False) -> Tensor:
+        """A pinned, never-rematerialized tensor (weights, inputs). `external`
+        buffers belong to the caller and are never freed."""
+        self._reserve(size, None, name or "constant")
+        storage = Storage(self._next_id(), size)
+        storage.external = external
+        tensor = Tensor(self._next_id(), storage, None, 0, name)
+        storage.root = tensor
+        storage.tensors.append(tensor)
+        self.storages.append(storage)
+        tensor.buffer, tensor.defined = buffer, True
+        storage.resident = True
+        storage.last_access = self.clock
+        self._ref(tensor)
+        self._pin(storage)
+        return tensor
+
+    def call(
+        self,
+        name: str,
+        inputs: Sequence[Tensor],
+        sizes: Sequence[int],
+        cost: Optional[float] = None,
+        payload: Any = None,
+        replayable: bool = True,
+        source: Optional[str] = None,
+        aliases: Optional[Sequence[int]] = None,
+    ) -> list[Tensor]:
+        """Runs `outputs = name(inputs)` and returns the outputs, each holding one reference.
+
+        `sizes[i]` is the byte size of output i; `aliases[i] = j >= 0` makes
+        output i a view of input j's storage (size 0). `cost=None` takes the
+        time the backend measured.
+        """
+        op = Operator(self._next_id(), name, tuple(inputs), cost, payload, replayable, source)
+        for index, size in enumerate(sizes):
+            alias = aliases[index] if aliases is not None else -1
+            if alias is not None and alias >= 0:
+                storage = inputs[alias].storage
+                tensor = Tensor(self._next_id(), storage, op, index)
+            else:
+                storage = Storage(self._next_id(), size)
+                self.storages.append(storage)
+                tensor = Tensor(self._next_id(), storage, op, index)
+                storage.root = tensor
+            storage.tensors.append(tensor)
+            op.outputs.append(tensor)
+        self._perform(op, rematerialization=False)
+        new_storages: dict[Storage, None] = {}
+        for tensor in op.outputs:
+            storage = tensor.storage
+            storage.cost += op.cost
+            for dep in dict.fromkeys(t.storage for t in op.inputs):
+                if dep is not storage and dep not in storage.deps:
+                    storage.deps.append(dep)
+                    dep.dependents.append(storage)
+            if not tensor.is_alias:
+                new_storages[storage] = None
+            self._ref(tensor)
+        for storage in new_storages:
+            self.heuristic.on_compute(storage)
+            if not replayable:
+                self._pin(storage)
+        return op.outputs
+
+    # ------------------------------------------------------------- references
+
+    def _ref(self, tensor: Tensor) -> None:
+        tensor.refs += 1
+        tensor.storage.refs += 1
+
+    def retain(self, tensor: Tensor) -> None:
+        """A new external reference to `tensor` (the log's COPY)."""
+        self._ref(tensor)
+
+    def release(self, tensor: Tensor) -> None:
+        """Drops one external reference; the last one triggers deallocation."""
+        if tensor.refs <= 0:
+            raise RuntimeError(f"{tensor!r} released more often than referenced")
+        tensor.refs -= 1
+        storage = tensor.storage
+        storage.refs -= 1
+        if storage.refs == 0:
+            self._deallocate(storage)
+
+    def get(self, tensor: Tensor) -> Any:
+        """The buffer of `tensor`, rematerialized if it was evicted."""
+        if not tensor.defined:
+            self._lock(tensor.storage)
+            try:
+                self._rematerialize(tensor)
+            finally:
+                self._unlock(tensor.storage)
+        tensor.storage.last_access = self.clock
+        return tensor.buffer
+
+    def hold(self, tensors: Sequence[Tensor]) -> list[Any]:
+        """Makes `tensors` resident and keeps them so (App. C.6's output
+        condition): each in turn is rematerialized if needed, then locked for
+        good. Returns their buffers."""
+        for tensor in tensors:
+            if not tensor.defined:
+                self._rematerialize(tensor)
+            self._lock(tensor.storage)
+        return [t.buffer for t in tensors]
+
+    # ------------------------------------------------------------ the algorithm
+
+    def _perform(self, op: Operator, rematerialization: bool) -> None:
+        """Locks the inputs, rematerializes the undefined ones, reserves the
+        outputs' memory and runs `op` (App. C.4, (Re)materialization).
+
+        The inputs' last access is the time the op is requested, before any
+        nested rematerialization (as the paper's simulator does); the outputs
+        of a first computation are stamped when it finishes.
+        """
+        for tensor in op.inputs:
+            tensor.storage.last_access = self.clock
+        locked = []
+        try:
+            for tensor in op.inputs:
+                self._lock(tensor.storage)
+                locked.append(tensor.storage)
+            for tensor in op.inputs:
+                if not tensor.defined:
+                    self._rematerialize(tensor)
+            needed = sum(t.size for t in op.outputs)
+            self._reserve(needed, op, op.name)
+            try:
+                buffers, elapsed = self.backend.compute(op, [t.buffer for t in op.inputs])
+            except BaseException:
+                self._unreserve(needed)
+                raise
+        finally:
+            for storage in locked:
+                self._unlock(storage)
+        if op.cost is None:
+            op.cost = float(elapsed) if elapsed is not None else 0.0
+        self.clock += op.cost
+        for observer in self.observers:
+            observer.on_compute(op, op.cost, rematerialization, self.clock)
+        for tensor, buffer in zip(op.outputs, buffers):
+            storage = tensor.storage
+            if tensor.defined:
+                # A multi-output op replayed for one output: the others were
+                # still defined, so their fresh copies are freed at once.
+                if not tensor.is_alias:
+                    self.backend.free(buffer)
+                    self._unreserve(storage.size)
+                continue
+            tensor.buffer, tensor.defined = buffer, True
+            if not tensor.is_alias:
+                storage.resident = True
+                if rematerialization:
+                    self.heuristic.on_rematerialize(storage)
+            if not rematerialization:
+                storage.last_access = self.clock
+            self._update_pool(storage)
+        if rematerialization:
+            self.remat_cost += op.cost
+            if self.remat_limit is not None and self.remat_cost > self.remat_limit:
+                raise ThrashError(f"rematerialization cost {self.remat_cost:g} exceeded {self.remat_limit:g}")
+        if self._pending_banish:
+            for storage in dict.fromkeys(t.storage for t in op.inputs):
+                if storage in self._pending_banish:
+                    self._try_banish(storage)
+
+    def _rematerialize(self, tensor: Tensor) -> None:
+        op = tensor.op
+        if op is None or not op.replayable:
+            raise RuntimeError(f"{tensor!r} was freed but cannot be recomputed; this is a jdtr bug")
+        if tensor.is_alias and not tensor.storage.resident:
+            # The view needs its storage first; the storage's root rebuilds it.
+            self._rematerialize(tensor.storage.root)
+        self._perform(op, rematerialization=True)
+
+    def _reserve(self, nbytes: int, op: Optional[Operator], name: str) -> None:
+        """Evicts until `nbytes` more fit under the budget, then takes them."""
+        while self.memory + nbytes > self.budget_bytes:
+            victim = self.heuristic.choose(self.pool, self.clock)
+            if victim is None:
+                self._raise_out_of_budget(nbytes, op, name)
+            self._evict(victim, by_heuristic=True)
+        self.memory += nbytes
+        for observer in self.observers:
+            observer.on_allocate(nbytes, self.memory, op)
+
+    def _unreserve(self, nbytes: int) -> None:
+        self.memory -= nbytes
+        for observer in self.observers:
+            observer.on_free(nbytes, self.memory)
+
+    def _raise_out_of_budget(self, nbytes: int, op: Optional[Operator], name: str) -> None:
+        locked = sum(s.size for s in self.storages if s.resident and s.locks and not s.pinned)
+        free = max(int(self.budget_bytes) - self.memory, 0)
+        raise OutOfBudgetError(
+            needed_bytes=int(nbytes),
+            free_bytes=free,
+            pinned_bytes=int(self.pinned_bytes),
+            locked_bytes=int(locked),
+            budget_bytes=int(self.budget_bytes),
+            op_name=name,
+            source=op.source if op is not None else None,
+        )
+
+    def _evict(self, storage: Storage, by_heuristic: bool) -> None:
+        """Frees a storage's buffer; its tensors become undefined (App. C.4)."""
+        self.backend.free(storage.root.buffer)
+        for tensor in storage.tensors:
+            tensor.buffer, tensor.defined = None, False
+        storage.resident = False
+        self.pool.pop(storage, None)
+        self._unreserve(storage.size)
+        self.heuristic.on_evict(storage)
+        for observer in self.observers:
+            observer.on_evict(storage, by_heuristic, self.clock)
+
+    # ------------------------------------------------------------ bookkeeping
+
+    def _lock(self, storage: Storage) -> None:
+        storage.locks += 1
+        self.pool.pop(storage, None)
+
+    def _unlock(self, storage: Storage) -> None:
+        storage.locks -= 1
+        self._update_pool(storage)
+
+    def _update_pool(self, storage: Storage) -> None:
+        if storage.evictable:
+            self.pool[storage] = None
+        else:
+            self.pool.pop(storage, None)
+
+    def _pin(self, storage: Storage) -> None:
+        if not storage.pinned:
+            storage.pinned = True
+            if storage.resident:
+                self.pinned_bytes += storage.size
+            self.pool.pop(storage, None)
+            for observer in self.observers:
+                observer.on_pin(storage)
+
+    # ----------------------------------------------------------- deallocation
+
+    def _deallocate(self, storage: Storage) -> None:
+        """The program dropped its last reference to `storage` (App. C.5)."""
+        if self.dealloc == "eager":
+            if storage.evictable:
+                self._evict(storage, by_heuristic=False)
+        elif self.dealloc == "banish":
+            self._try_banish(storage)
+
+    def _try_banish(self, storage: Storage) -> None:
+        """Frees `storage` for good once no evicted storage depends on it;
+        its resident dependents are pinned, as they can no longer be rebuilt."""
+        if storage.banished or storage.refs > 0 or storage.external or storage.locks > 0:
+            self._pending_banish.pop(storage, None)
+            return
+        if any(not d.resident and not d.banished for d in storage.dependents):
+            self._pending_banish[storage] = None  # retried when a dependent returns
+            return
+        self._pending_banish.pop(storage, None)
+        if storage.resident:
+            if storage.pinned:
+                self.pinned_bytes -= storage.size
+            self.backend.free(storage.root.buffer)
+            for tensor in storage.tensors:
+                tensor.buffer, tensor.defined = None, False
+            storage.resident = False
+            self.pool.pop(storage, None)
+            self._unreserve(storage.size)
+        storage.banished = True
+        for observer in self.observers:
+            observer.on_banish(storage, self.clock)
+        for dependent in storage.dependents:
+            if not dependent.banished:
+                self._pin(dependent)
+
+    # --------------------------------------------------------------- teardown
+
+    def free_all(self, keep: Sequence[Tensor] = ()) -> None:
+        """Frees every buffer the runtime owns except those of `keep`; also
+        after an error, so that nothing leaks."""
+        kept = {t.storage for t in keep}
+        for storage in self.storages:
+            if storage.resident and storage not in kept and not storage.external:
+                try:
+                    self.backend.free(storage.root.buffer)
+                except Exception:  # noqa: BLE001 - a failed free must not hide the first error
+                    pass
+                for tensor in storage.tensors:
+                    tensor.buffer, tensor.defined = None, False
+                storage.resident = False
+        self.pool.clear()

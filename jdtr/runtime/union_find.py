@@ -1,0 +1,42 @@
+"""Union-find with a running cost per set, for h_DTR^eq (paper App. C.2).
+
+Each evicted component of the undirected dependency graph is one set; the set
+carries the sum of the compute costs of its members. `find` compresses paths
+iteratively (no recursion limit on long chains of evictions).
+"""
+
+from __future__ import annotations
+
+
+class CostSet:
+    """A union-find node; only a root's `cost` is meaningful."""
+
+    __slots__ = ("parent", "rank", "cost")
+
+    def __init__(self, cost: float = 0.0):
+        self.parent: CostSet = self
+        self.rank = 0
+        self.cost = cost
+
+
+def find(node: CostSet) -> CostSet:
+    root = node
+    while root.parent is not root:
+        root = root.parent
+    while node.parent is not root:  # path compression
+        node.parent, node = root, node.parent
+    return root
+
+
+def union(a: CostSet, b: CostSet) -> CostSet:
+    """Merges the sets of `a` and `b`; returns the new root, whose cost is the sum."""
+    ra, rb = find(a), find(b)
+    if ra is rb:
+        return ra
+    if ra.rank < rb.rank:
+        ra, rb = rb, ra
+    rb.parent = ra
+    if ra.rank == rb.rank:
+        ra.rank += 1
+    ra.cost += rb.cost
+    return ra

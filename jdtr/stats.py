@@ -1,0 +1,64 @@
+"""What a run measured: `jdtr.Stats`."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Optional
+
+from .runtime.errors import format_bytes
+from .runtime.observer import TimelineEvent
+
+
+@dataclass(frozen=True)
+class Stats:
+    """Measurements of one `jdtr.grad` run.
+
+    Costs are in the cost model's unit (seconds on a nominal device for the
+    default XLA cost model, measured seconds with `cost_model="measured"`).
+
+    Attributes:
+      budget_bytes: the budget in force.
+      peak_bytes: the most bytes the runtime held at once.
+      unconstrained_peak_bytes: the peak with no budget (values freed at last use).
+      pinned_bytes: bytes that could never be evicted (arguments, constants,
+        outputs of effectful operations).
+      evictions: storages evicted by the heuristic.
+      dealloc_evictions: dead storages evicted eagerly (App. C.5).
+      rematerializations: operator replays.
+      base_cost: cost of running every operator once.
+      remat_cost: cost of the replays.
+      overhead: (base_cost + remat_cost) / base_cost.
+      wall_time_s: time of the run, tracing excluded.
+      trace_time_s: time spent tracing and normalizing (0 on a cache hit).
+      equations: operators in the normalised program.
+      cache_hit: whether the traced program came from the cache.
+      live_peak_bytes: with `debug=True`, the peak summed over `jax.live_arrays()`.
+      timeline: with `timeline=True`, the residency events of the run.
+    """
+
+    budget_bytes: int
+    peak_bytes: int
+    unconstrained_peak_bytes: int
+    pinned_bytes: int
+    evictions: int
+    dealloc_evictions: int
+    rematerializations: int
+    base_cost: float
+    remat_cost: float
+    overhead: float
+    wall_time_s: float
+    trace_time_s: float
+    equations: int
+    cache_hit: bool
+    heuristic: str
+    dealloc: str
+    live_peak_bytes: Optional[int] = None
+    timeline: Optional[tuple[TimelineEvent, ...]] = field(default=None, repr=False)
+
+    def summary(self) -> str:
+        return (
+            f"peak {format_bytes(self.peak_bytes)} / budget {format_bytes(self.budget_bytes)} "
+            f"(unconstrained {format_bytes(self.unconstrained_peak_bytes)}), "
+            f"{self.evictions} evictions, {self.rematerializations} rematerializations, "
+            f"overhead {self.overhead:.3f}x, {self.wall_time_s * 1e3:.1f} ms"
+        )

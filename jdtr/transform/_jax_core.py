@@ -1,0 +1,74 @@
+"""Every touch of JAX internals, in one module, so a JAX upgrade is one file's work.
+
+Public names come from `jax.extend.core`; the few things it does not expose
+(source line summaries) are guarded with fallbacks.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Optional
+
+import jax
+from jax.extend.core import ClosedJaxpr, Jaxpr, JaxprEqn, Literal, Primitive, Var  # noqa: F401
+
+try:  # a readable "file:line (function)" for error messages
+    from jax._src import source_info_util as _source_info_util
+except ImportError:  # pragma: no cover - depends on the JAX version
+    _source_info_util = None
+
+
+# Primitives whose body is inlined into the caller: DTR must see the real
+# tensors inside them, and a user's own remat is subsumed by DTR's.
+CALL_PRIMITIVES = {
+    "jit": "jaxpr",
+    "pjit": "jaxpr",
+    "closed_call": "call_jaxpr",
+    "core_call": "call_jaxpr",
+    "custom_jvp_call": "call_jaxpr",
+    "custom_vjp_call": "call_jaxpr",
+    "custom_vjp_call_jaxpr": "fun_jaxpr",
+    "remat": "jaxpr",
+    "remat2": "jaxpr",
+    "checkpoint": "jaxpr",
+}
+
+
+def source_line(eqn: JaxprEqn) -> Optional[str]:
+    """The user's source line of an equation, e.g. 'model.py:12 (layer)'."""
+    if _source_info_util is None:
+        return None
+    try:
+        return _source_info_util.summarize(eqn.source_info)
+    except Exception:  # noqa: BLE001 - only a nicety for error messages
+        return None
+
+
+def call_body(eqn: JaxprEqn) -> Optional[tuple[Jaxpr, list[Any]]]:
+    """(jaxpr, consts) of an inlinable call primitive, or None."""
+    key = CALL_PRIMITIVES.get(eqn.primitive.name)
+    if key is None or key not in eqn.params:
+        return None
+    return open_jaxpr(eqn.params[key])
+
+
+def open_jaxpr(jaxpr: "Jaxpr | ClosedJaxpr") -> tuple[Jaxpr, list[Any]]:
+    if isinstance(jaxpr, ClosedJaxpr):
+        return jaxpr.jaxpr, list(jaxpr.consts)
+    return jaxpr, []
+
+
+def bind_params(eqn: JaxprEqn) -> dict[str, Any]:
+    """Parameters as `bind` takes them (as in `eval_jaxpr`)."""
+    return eqn.primitive.get_bind_params(eqn.params)
+
+
+def is_literal(atom: Any) -> bool:
+    return isinstance(atom, Literal)
+
+
+def has_effects(eqn: JaxprEqn) -> bool:
+    return bool(eqn.effects)
+
+
+def is_array(x: Any) -> bool:
+    return isinstance(x, jax.Array)

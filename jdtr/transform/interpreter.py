@@ -1,0 +1,154 @@
+"""Runs a `Program` eagerly on device buffers, through the DTR runtime.
+
+The loop is `eval_jaxpr`'s: an environment from values to runtime tensors,
+one step per equation, values released at their last use. The runtime
+decides what stays on the device; this module only feeds it operators and
+references, and hands it a backend that runs executables on `jax.Array`s
+and frees them with `.delete()`.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Callable, Optional, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from ..runtime import Operator, Runtime, Tensor
+from .program import Cond, Const, Equation, Program, Value
+
+
+class JaxBackend:
+    """Runs equations on `jax.Array`s; eviction deletes the array's buffer.
+
+    With `measure=True` every operator is timed synchronously (the paper's
+    prototype mode); `after_compute` is called when the outputs exist, the
+    moment the most memory is live (used by the debug budget check).
+    """
+
+    def __init__(self, measure: bool = False, after_compute: Optional[Callable[[], None]] = None):
+        self.measure = measure
+        self.after_compute = after_compute
+
+    def compute(self, op: Operator, args: list[Any]) -> tuple[list[Any], Optional[float]]:
+        fn = op.payload.fn
+        if self.measure:
+            start = time.perf_counter()
+            outs = fn(*args)
+            jax.block_until_ready(outs)
+            elapsed = time.perf_counter() - start
+        else:
+            outs, elapsed = fn(*args), None
+        if self.after_compute is not None:
+            self.after_compute()
+        return outs, elapsed
+
+    def free(self, buffer: Any) -> None:
+        if buffer is not None and not buffer.is_deleted():
+            buffer.delete()
+
+
+class LiveArrayCheck:
+    """Debug check: the device bytes of every live array the run made or holds
+    (summed over `jax.live_arrays()`, not the runtime's own counter) stay
+    within the budget."""
+
+    def __init__(self, budget_bytes: int, held: Sequence[Any]):
+        held_ids = {id(a) for a in held}
+        # Arrays that were alive before the run and are not its inputs: not ours.
+        self._others = [a for a in jax.live_arrays() if id(a) not in held_ids]
+        self._other_ids = {id(a) for a in self._others}
+        self.budget_bytes = budget_bytes
+        self.peak_bytes = 0
+
+    def __call__(self) -> None:
+        live = sum(a.nbytes for a in jax.live_arrays() if id(a) not in self._other_ids)
+        self.peak_bytes = max(self.peak_bytes, live)
+        if live > self.budget_bytes:
+            raise AssertionError(f"jdtr: {live} live device bytes exceed the budget of {self.budget_bytes} bytes")
+
+    def release(self) -> None:
+        self._others = []
+
+
+class Interpreter:
+    """Evaluates a program with `runtime`; one instance per run."""
+
+    def __init__(self, runtime: Runtime):
+        self.runtime = runtime
+
+    def run(self, program: Program, args: Sequence[Any], owned: Sequence[bool]) -> list[Any]:
+        """Runs `program` on `args`; `owned[i]` marks arguments jdtr created
+        itself (it may free those), the others belong to the caller and are
+        never deleted. Returns the output arrays; every other buffer the run
+        made is freed, also when an error interrupts it."""
+        runtime = self.runtime
+        env: dict[Value, Tensor] = {}
+        outputs: list[Tensor] = []
+        try:
+            for value, array, mine in zip(program.inputs, args, owned):
+                env[value] = runtime.constant(value.nbytes, array, name="argument", external=not mine)
+            for value, array in program.consts:
+                env[value] = runtime.constant(value.nbytes, array, name="constant", external=True)
+            self._body(program, env)
+            outputs = [self._tensor(env, atom) for atom in program.outputs]
+            buffers = runtime.hold(outputs)
+        except BaseException:
+            runtime.free_all()
+            raise
+        runtime.free_all(keep=outputs)
+        return buffers
+
+    def _tensor(self, env: dict[Value, Tensor], atom: Any) -> Tensor:
+        if isinstance(atom, Value):
+            return env[atom]
+        array = jnp.asarray(atom.value)
+        return self.runtime.constant(int(array.nbytes), array, name="literal")
+
+    def _body(self, program: Program, env: dict[Value, Tensor]) -> None:
+        runtime = self.runtime
+        release = program.release_after
+        for value in release.get(-1, ()):
+            runtime.release(env.pop(value))
+        for i, item in enumerate(program.body):
+            if type(item) is Equation:
+                outs = runtime.call(
+                    item.name,
+                    [env[v] for v in item.args],
+                    [v.nbytes for v in item.outputs],
+                    cost=item.cost,
+                    payload=item,
+                    replayable=not item.effects,
+                    source=item.source,
+                )
+                for value, tensor in zip(item.outputs, outs):
+                    env[value] = tensor
+            else:
+                self._cond(item, env)
+            for value in release.get(i, ()):
+                runtime.release(env.pop(value))
+
+    def _cond(self, cond: Cond, env: dict[Value, Tensor]) -> None:
+        """Reads the branch index from the device and runs only that branch."""
+        runtime = self.runtime
+        index = int(np.asarray(runtime.get(env[cond.index])))
+        branch = cond.branches[min(max(index, 0), len(cond.branches) - 1)]  # lax.switch clamps
+        branch_env: dict[Value, Tensor] = {}
+        for value, atom in zip(branch.inputs, cond.operands):
+            tensor = self._tensor(env, atom)
+            if isinstance(atom, Value):
+                runtime.retain(tensor)
+            branch_env[value] = tensor
+        self._body(branch, branch_env)
+        results = []
+        for atom in branch.outputs:
+            tensor = self._tensor(branch_env, atom)
+            if isinstance(atom, Value):
+                runtime.retain(tensor)
+            results.append(tensor)
+        for tensor in branch_env.values():
+            runtime.release(tensor)
+        for value, tensor in zip(cond.outputs, results):
+            env[value] = tensor

@@ -1,0 +1,257 @@
+"""From a jaxpr to the flat `Program` DTR runs.
+
+- Calls (`jit`, `custom_jvp_call`, `custom_vjp_call`, `remat`, ...) are
+  inlined: DTR must see the tensors inside them, and a user's `remat` is
+  subsumed by DTR's own decisions.
+- `scan` with a static trip count is unrolled into per-iteration equations.
+  The stacked outputs (`ys`) stay a lazy list of per-iteration values, and a
+  later scan that iterates over them reads the items directly, so a model
+  whose layers sit in a scan gives DTR per-layer residuals instead of one
+  stacked tensor. A stack is only built if something else reads it.
+- `cond` stays structured: the runtime reads the predicate and runs only the
+  branch taken.
+- Dead equations without effects are dropped.
+- Every other primitive (including `while`) is one opaque operator.
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass, field
+from typing import Any, Callable, Optional, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from . import _jax_core
+from .executable import CostModel, MEASURED, XlaCostModel, analyse, executable, primitive_executable
+from .program import Atom, Cond, Const, Equation, Item, Program, Value, liveness
+
+# Scans longer than this many unrolled equations run as one operator.
+MAX_UNROLLED_EQUATIONS = 200_000
+
+
+@dataclass(eq=False)
+class _Stack:
+    """The stacked output of an unrolled scan, kept as its items."""
+
+    items: list[Atom]
+    value: Value  # the stacked value, if it has to be materialized
+    materialized: bool = False
+
+
+class _Normalizer:
+    def __init__(self, cost_model: CostModel):
+        self.ids = itertools.count()
+        self.cost_model = cost_model if cost_model is not None else XlaCostModel()
+        self.consts: dict[int, tuple[Value, Any]] = {}
+        self.unrolled = 0
+
+    # ------------------------------------------------------------- values
+
+    def new_value(self, aval: Any) -> Value:
+        return Value(next(self.ids), tuple(aval.shape), np.dtype(aval.dtype), bool(getattr(aval, "weak_type", False)))
+
+    def const_value(self, array: Any) -> Value:
+        """A jaxpr constant: pinned for the whole run, shared by all its uses."""
+        found = self.consts.get(id(array))
+        if found is None:
+            aval = jax.typeof(array) if hasattr(jax, "typeof") else jax.core.get_aval(array)
+            found = (self.new_value(aval), array)
+            self.consts[id(array)] = found
+        return found[0]
+
+    # ------------------------------------------------------------- equations
+
+    def emit(
+        self,
+        body: list[Item],
+        name: str,
+        inputs: Sequence[Atom],
+        out_avals: Sequence[Any],
+        exe,
+        effects: bool = False,
+        source: Optional[str] = None,
+    ) -> list[Value]:
+        outputs = tuple(self.new_value(a) for a in out_avals)
+        args = [a for a in inputs if isinstance(a, Value)]
+        if self.cost_model == MEASURED:
+            cost = None
+        else:
+            cost = float(self.cost_model(analyse(exe, name, args, outputs)))
+        body.append(Equation(name, tuple(inputs), outputs, exe.fn, cost, effects, source))
+        return list(outputs)
+
+    def emit_fn(self, body: list[Item], name: str, key: tuple, fn: Callable, inputs: Sequence[Value], out_aval: Any) -> Value:
+        """A synthetic single-output equation (stacking, indexing)."""
+        exe = executable(key, lambda: fn, multiple_results=False)
+        return self.emit(body, name, inputs, [out_aval], exe)[0]
+
+    # --------------------------------------------------------------- reading
+
+    def read(self, body: list[Item], env: dict, atom: Any) -> Atom:
+        """The value of a jaxpr atom, building a lazy stack if it is one."""
+        if _jax_core.is_literal(atom):
+            return Const(atom.val)
+        found = env[atom]
+        if isinstance(found, _Stack):
+            return self.materialize(body, found)
+        return found
+
+    def materialize(self, body: list[Item], stack: _Stack) -> Value:
+        if not stack.materialized:
+            items = [self.materialize_atom(body, a) for a in stack.items]
+            n, aval = len(items), stack.value
+            key = ("jdtr.stack", n, aval.shape, aval.dtype.str)
+            made = self.emit_fn(body, "stack", key, lambda *xs: jnp.stack(xs), items, jax.ShapeDtypeStruct(aval.shape, aval.dtype))
+            stack.value, stack.materialized = made, True
+        return stack.value
+
+    def materialize_atom(self, body: list[Item], atom: Atom) -> Value:
+        if isinstance(atom, Value):
+            return atom
+        array = np.asarray(atom.value)
+        key = ("jdtr.const", array.dtype.str, array.shape, array.tobytes())
+        return self.emit_fn(body, "constant", key, lambda: jnp.asarray(array), [], jax.ShapeDtypeStruct(array.shape, array.dtype))
+
+    # ---------------------------------------------------------------- inline
+
+    def inline(self, body: list[Item], jaxpr: Any, consts: Sequence[Any], args: Sequence[Any]) -> list[Any]:
+        """Appends the equations of `jaxpr` applied to `args`; returns its outputs
+        (values, constants or lazy stacks)."""
+        env: dict = {}
+        for var, c in zip(jaxpr.constvars, consts):
+            env[var] = self.const_value(c) if isinstance(c, jax.Array) else Const(c)
+        for var, a in zip(jaxpr.invars, args):
+            env[var] = a
+        for eqn in jaxpr.eqns:
+            self.equation(body, env, eqn)
+        return [Const(v.val) if _jax_core.is_literal(v) else env[v] for v in jaxpr.outvars]
+
+    def equation(self, body: list[Item], env: dict, eqn: Any) -> None:
+        name = eqn.primitive.name
+        call = _jax_core.call_body(eqn)
+        if call is not None:
+            inner, consts = call
+            outs = self.inline(body, inner, consts, [self.lazy(env, a) for a in eqn.invars])
+        elif name == "scan" and self.can_unroll(eqn):
+            outs = self.unroll_scan(body, env, eqn)
+        elif name == "cond":
+            outs = self.cond(body, env, eqn)
+        else:
+            inputs = [self.read(body, env, a) for a in eqn.invars]
+            exe = primitive_executable(eqn, inputs)
+            outs = self.emit(
+                body,
+                name,
+                inputs,
+                [v.aval for v in eqn.outvars],
+                exe,
+                effects=_jax_core.has_effects(eqn),
+                source=_jax_core.source_line(eqn),
+            )
+        for var, out in zip(eqn.outvars, outs):
+            env[var] = out
+
+    def lazy(self, env: dict, atom: Any) -> Any:
+        """Like `read`, but a lazy stack stays lazy (for inlined calls)."""
+        if _jax_core.is_literal(atom):
+            return Const(atom.val)
+        return env[atom]
+
+    # ------------------------------------------------------------------ scan
+
+    def can_unroll(self, eqn: Any) -> bool:
+        length = eqn.params["length"]
+        size = length * max(len(eqn.params["jaxpr"].jaxpr.eqns), 1)
+        if self.unrolled + size > MAX_UNROLLED_EQUATIONS:
+            return False
+        self.unrolled += size
+        return True
+
+    def unroll_scan(self, body: list[Item], env: dict, eqn: Any) -> list[Any]:
+        p = eqn.params
+        inner, consts = _jax_core.open_jaxpr(p["jaxpr"])
+        length, num_consts, num_carry = p["length"], p["num_consts"], p["num_carry"]
+        args = [self.lazy(env, a) for a in eqn.invars]
+        scan_consts = args[:num_consts]
+        carry = args[num_consts : num_consts + num_carry]
+        xs = args[num_consts + num_carry :]
+        x_vars = eqn.invars[num_consts + num_carry :]
+        ys_avals = [v.aval for v in eqn.outvars[num_carry:]]
+        ys_items: list[list[Any]] = [[None] * length for _ in ys_avals]
+        order = range(length - 1, -1, -1) if p["reverse"] else range(length)
+        for i in order:
+            x_i = [self.item(body, x, var, i) for x, var in zip(xs, x_vars)]
+            outs = self.inline(body, inner, consts, [*scan_consts, *carry, *x_i])
+            carry = outs[:num_carry]
+            for k, y in enumerate(outs[num_carry:]):
+                ys_items[k][i] = y
+        ys = []
+        for items, aval in zip(ys_items, ys_avals):
+            if length == 0:
+                ys.append(self.materialize_atom(body, Const(np.zeros(aval.shape, aval.dtype))))
+            else:
+                ys.append(_Stack(items, self.new_value(aval)))
+        return [*carry, *ys]
+
+    def item(self, body: list[Item], x: Any, var: Any, i: int) -> Atom:
+        """Row i of a scanned-over input: the item itself when it is a lazy stack."""
+        if isinstance(x, _Stack):
+            return x.items[i]
+        if isinstance(x, Const):
+            return Const(np.asarray(x.value)[i])
+        aval = var.aval
+        key = ("jdtr.index", i, tuple(aval.shape), np.dtype(aval.dtype).str)
+        item_aval = jax.ShapeDtypeStruct(tuple(aval.shape[1:]), aval.dtype, weak_type=getattr(aval, "weak_type", False))
+        return self.emit_fn(body, "index", key, lambda a: a[i], [x], item_aval)
+
+    # ------------------------------------------------------------------ cond
+
+    def cond(self, body: list[Item], env: dict, eqn: Any) -> list[Value]:
+        index = self.read(body, env, eqn.invars[0])
+        operands = [self.read(body, env, a) for a in eqn.invars[1:]]
+        if isinstance(index, Const):  # a literal predicate: inline the branch taken
+            branch = eqn.params["branches"][int(np.clip(int(index.value), 0, len(eqn.params["branches"]) - 1))]
+            inner, consts = _jax_core.open_jaxpr(branch)
+            return self.inline(body, inner, consts, operands)
+        branches = []
+        for branch in eqn.params["branches"]:
+            inner, consts = _jax_core.open_jaxpr(branch)
+            inputs = tuple(self.new_value(v.aval) for v in inner.invars)
+            branch_body: list[Item] = []
+            outs = self.inline(branch_body, inner, consts, inputs)
+            outs = [self.materialize(branch_body, o) if isinstance(o, _Stack) else o for o in outs]
+            branches.append(Program(inputs, (), dead_code_elimination(branch_body, outs), tuple(outs)))
+        outputs = tuple(self.new_value(v.aval) for v in eqn.outvars)
+        body.append(Cond(index, tuple(branches), tuple(operands), outputs, _jax_core.source_line(eqn)))
+        return list(outputs)
+
+
+def dead_code_elimination(body: list[Item], outputs: Sequence[Atom]) -> list[Item]:
+    """Drops items without effects whose outputs nothing reads."""
+    needed = {a for a in outputs if isinstance(a, Value)}
+    kept: list[Item] = []
+    for item in reversed(body):
+        effectful = item.effects
+        if effectful or any(v in needed for v in item.outputs):
+            kept.append(item)
+            needed.update(item.args)
+    kept.reverse()
+    return kept
+
+
+def normalize(closed_jaxpr: Any, cost_model: CostModel = None) -> Program:
+    """The `Program` of a closed jaxpr: inputs are its invars, in order."""
+    n = _Normalizer(cost_model)
+    jaxpr, consts = _jax_core.open_jaxpr(closed_jaxpr)
+    inputs = tuple(n.new_value(v.aval) for v in jaxpr.invars)
+    body: list[Item] = []
+    outs = n.inline(body, jaxpr, consts, inputs)
+    outs = [n.materialize(body, o) if isinstance(o, _Stack) else o for o in outs]
+    program = Program(inputs, (), dead_code_elimination(body, outs), tuple(outs))
+    used = program.used_values()
+    program.consts = tuple((v, a) for v, a in n.consts.values() if v in used)
+    program.release_after = liveness(program)
+    return program

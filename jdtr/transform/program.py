@@ -1,0 +1,183 @@
+"""The program DTR runs: a flat list of equations over values, with liveness.
+
+A `Program` is a normalised jaxpr (see `normalize.py`): calls inlined, scans
+unrolled, so that every value is a real tensor DTR can evict. Only `cond`
+stays structured, because which branch runs is known at run time alone.
+
+Liveness gives each value its last use: the paper's deallocation event.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable, Optional, Union
+
+import numpy as np
+
+
+@dataclass(frozen=True, eq=False)
+class Value:
+    """A tensor of the program: one storage at run time."""
+
+    id: int
+    shape: tuple[int, ...]
+    dtype: np.dtype
+    weak_type: bool = False
+
+    @property
+    def nbytes(self) -> int:
+        return int(np.prod(self.shape, dtype=np.int64)) * np.dtype(self.dtype).itemsize
+
+    def __repr__(self) -> str:
+        return f"v{self.id}:{np.dtype(self.dtype).name}{list(self.shape)}"
+
+
+@dataclass(frozen=True, eq=False)
+class Const:
+    """A literal baked into the equation that reads it."""
+
+    value: Any
+
+    def __repr__(self) -> str:
+        return f"Const({self.value!r})"
+
+
+Atom = Union[Value, Const]
+
+
+@dataclass(eq=False)
+class Equation:
+    """`outputs = fn(inputs)`: one operator of the DTR runtime.
+
+    `fn` is the executable (a cached, jitted callable) that maps the
+    non-literal inputs to the outputs; `cost` is its deterministic cost.
+    """
+
+    name: str
+    inputs: tuple[Atom, ...]
+    outputs: tuple[Value, ...]
+    fn: Callable[..., list[Any]]
+    cost: float
+    effects: bool = False
+    source: Optional[str] = None
+
+    @property
+    def args(self) -> tuple[Value, ...]:
+        return tuple(a for a in self.inputs if isinstance(a, Value))
+
+
+@dataclass(eq=False)
+class Cond:
+    """`lax.cond`/`switch`: runs the branch its index selects, at run time."""
+
+    index: Value
+    branches: tuple["Program", ...]
+    operands: tuple[Atom, ...]
+    outputs: tuple[Value, ...]
+    source: Optional[str] = None
+
+    @property
+    def args(self) -> tuple[Value, ...]:
+        return (self.index, *(a for a in self.operands if isinstance(a, Value)))
+
+    @property
+    def effects(self) -> bool:
+        return any(item.effects for branch in self.branches for item in branch.body)
+
+
+Item = Union[Equation, Cond]
+
+
+@dataclass(eq=False)
+class Program:
+    """Inputs, constants, a body and outputs; `release_after[i]` are the
+    values whose last use is body item i (index -1: before the body)."""
+
+    inputs: tuple[Value, ...]
+    consts: tuple[tuple[Value, Any], ...]
+    body: list[Item]
+    outputs: tuple[Atom, ...]
+    release_after: dict[int, list[Value]] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self.release_after = liveness(self)
+
+    @property
+    def num_equations(self) -> int:
+        return sum(
+            1 if isinstance(item, Equation) else max((b.num_equations for b in item.branches), default=0)
+            for item in self.body
+        )
+
+    def used_values(self) -> set[Value]:
+        """Every value read anywhere in the program, branches included."""
+        used = {a for a in self.outputs if isinstance(a, Value)}
+        for item in self.body:
+            used.update(item.args)
+            if isinstance(item, Cond):
+                for branch in item.branches:
+                    used |= branch.used_values()
+        return used
+
+    def unconstrained_peak(self) -> int:
+        """Peak bytes of running the program with nothing evicted, values
+        freed at their last use, as the runtime accounts them; for `cond`,
+        the larger branch."""
+        memory = sum(v.nbytes for v in self.inputs) + sum(v.nbytes for v, _ in self.consts)
+        peak, _ = _walk_peak(self, memory, memory, branch=False)
+        return peak
+
+
+def liveness(program: Program) -> dict[int, list[Value]]:
+    """Last use of every value; values never read are released right after
+    they are made; outputs are never released."""
+    last: dict[Value, int] = {}
+    for v in program.inputs:
+        last[v] = -1
+    for v, _ in program.consts:
+        last[v] = -1
+    for i, item in enumerate(program.body):
+        for v in item.outputs:
+            last[v] = i
+        for v in item.args:
+            last[v] = i
+    for atom in program.outputs:
+        if isinstance(atom, Value):
+            last.pop(atom, None)
+    release: dict[int, list[Value]] = {}
+    for v, i in last.items():
+        release.setdefault(i, []).append(v)
+    return release
+
+
+def _walk_peak(program: Program, memory: int, peak: int, branch: bool) -> tuple[int, int]:
+    freed = {v for v in program.inputs}  # inputs belong to the caller of this program
+    for v in program.release_after.get(-1, []):
+        if v not in freed:
+            memory -= v.nbytes
+    for i, item in enumerate(program.body):
+        if isinstance(item, Equation):
+            memory += sum(v.nbytes for v in item.outputs)
+            peak = max(peak, memory)
+        else:
+            ends, peaks = [], []
+            for sub in item.branches:
+                branch_peak, branch_end = _walk_peak(sub, memory, memory, branch=True)
+                peaks.append(branch_peak)
+                ends.append(branch_end)
+            peak = max(peak, *peaks)
+            memory = max(ends)
+        for v in program.release_after.get(i, []):
+            if v not in freed:
+                memory -= v.nbytes
+    # A branch output that is one of its inputs, or a literal, becomes a new
+    # reference the caller releases later: count it as allocated (an upper bound).
+    if branch:
+        memory += sum(_atom_nbytes(a) for a in program.outputs if not isinstance(a, Value) or a in freed)
+    return max(peak, memory), memory
+
+
+def _atom_nbytes(atom: Atom) -> int:
+    if isinstance(atom, Value):
+        return atom.nbytes
+    return int(np.asarray(atom.value).nbytes)
