@@ -12,7 +12,7 @@ from .runtime import Heuristic as Heuristic
 from .runtime import OutOfBudgetError as OutOfBudgetError
 from .stats import Stats as Stats
 from .transform import OpInfo as OpInfo
-from .transform import XlaCostModel as XlaCostModel
+from .transform import RooflineCostModel as RooflineCostModel
 from .transform import grad as grad
 from .transform import value_and_grad as value_and_grad
 
@@ -24,8 +24,8 @@ __all__ = [
     "Heuristic",
     "OpInfo",
     "OutOfBudgetError",
+    "RooflineCostModel",
     "Stats",
-    "XlaCostModel",
     "grad",
     "parse_budget",
     "value_and_grad",

@@ -70,5 +70,18 @@ def has_effects(eqn: JaxprEqn) -> bool:
     return bool(eqn.effects)
 
 
+def aval_nbytes(aval: Any) -> int:
+    """Device bytes of an abstract value; PRNG keys count their physical words."""
+    import numpy as np
+
+    dtype = aval.dtype
+    if jax.dtypes.issubdtype(dtype, jax.dtypes.extended):
+        from jax._src import core as _core
+
+        aval = _core.physical_aval(aval)
+        dtype = aval.dtype
+    return int(np.prod(aval.shape, dtype=np.int64)) * np.dtype(dtype).itemsize
+
+
 def is_array(x: Any) -> bool:
     return isinstance(x, jax.Array)

@@ -26,7 +26,7 @@ from ..budget import Budget, BudgetLike, parse_budget
 from ..runtime import DEALLOC_POLICIES, Counters, Heuristic, OutOfBudgetError, Runtime, Timeline, get_heuristic
 from ..stats import Stats
 from . import _jax_core
-from .executable import MEASURED, CostModel, check_cost_model
+from .costs import MEASURED, CostModel, check_cost_model
 from .interpreter import Interpreter, JaxBackend, LiveArrayCheck
 from .normalize import normalize
 from .program import Program
@@ -330,8 +330,10 @@ def value_and_grad(
       heuristic: eviction heuristic name (see `jdtr.HEURISTICS`) or a
         `jdtr.runtime.Heuristic` instance.
       dealloc: "eager" (evict dead values), "banish" or "ignore" (App. C.5).
-      cost_model: None for XLA's cost analysis (deterministic), "measured"
-        to time every operator, or a callable `jdtr.OpInfo -> float`.
+      cost_model: None for flops and bytes counted from shapes on a nominal
+        roofline (deterministic), "xla" for XLA's cost analysis of each
+        equation, "measured" to time every operator, or a callable
+        `jdtr.OpInfo -> float`.
       return_stats: also return a `jdtr.Stats`.
       debug: check after every operator that the bytes of `jax.live_arrays()`
         the run holds stay within the budget (slow).

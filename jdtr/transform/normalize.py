@@ -25,7 +25,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from . import _jax_core
-from .executable import CostModel, MEASURED, XlaCostModel, analyse, executable, primitive_executable
+from .costs import MEASURED, XLA, CostModel, RooflineCostModel, count, xla_count
+from .executable import Executable, executable, primitive_executable
 from .program import Atom, Cond, Const, Equation, Item, Program, Value, liveness
 
 # Scans longer than this many unrolled equations run as one operator.
@@ -44,14 +45,20 @@ class _Stack:
 class _Normalizer:
     def __init__(self, cost_model: CostModel):
         self.ids = itertools.count()
-        self.cost_model = cost_model if cost_model is not None else XlaCostModel()
+        self.cost_model = cost_model
         self.consts: dict[int, tuple[Value, Any]] = {}
         self.unrolled = 0
 
     # ------------------------------------------------------------- values
 
     def new_value(self, aval: Any) -> Value:
-        return Value(next(self.ids), tuple(aval.shape), np.dtype(aval.dtype), bool(getattr(aval, "weak_type", False)))
+        return Value(
+            next(self.ids),
+            tuple(aval.shape),
+            aval.dtype,
+            bool(getattr(aval, "weak_type", False)),
+            _jax_core.aval_nbytes(aval),
+        )
 
     def const_value(self, array: Any) -> Value:
         """A jaxpr constant: pinned for the whole run, shared by all its uses."""
@@ -70,18 +77,27 @@ class _Normalizer:
         name: str,
         inputs: Sequence[Atom],
         out_avals: Sequence[Any],
-        exe,
+        exe: Executable,
+        params: Optional[dict] = None,
         effects: bool = False,
         source: Optional[str] = None,
     ) -> list[Value]:
         outputs = tuple(self.new_value(a) for a in out_avals)
         args = [a for a in inputs if isinstance(a, Value)]
-        if self.cost_model == MEASURED:
-            cost = None
-        else:
-            cost = float(self.cost_model(analyse(exe, name, args, outputs)))
-        body.append(Equation(name, tuple(inputs), outputs, exe.fn, cost, effects, source))
+        body.append(Equation(name, tuple(inputs), outputs, exe.fn, self.cost(exe, name, params or {}, args, outputs), effects, source))
         return list(outputs)
+
+    def cost(self, exe: Executable, name: str, params: dict, args: Sequence[Value], outputs: Sequence[Value]):
+        if self.cost_model == MEASURED:
+            return None  # timed by the backend on first run
+        nbytes = [v.nbytes for v in (*args, *outputs)]
+        if self.cost_model == XLA:
+            if exe.info is None:
+                exe.info = xla_count(exe.jitted, name, args, outputs, nbytes)
+            return RooflineCostModel()(exe.info)
+        info = count(name, params, args, outputs, nbytes)
+        model = self.cost_model if self.cost_model is not None else RooflineCostModel()
+        return float(model(info))
 
     def emit_fn(self, body: list[Item], name: str, key: tuple, fn: Callable, inputs: Sequence[Value], out_aval: Any) -> Value:
         """A synthetic single-output equation (stacking, indexing)."""
@@ -103,7 +119,7 @@ class _Normalizer:
         if not stack.materialized:
             items = [self.materialize_atom(body, a) for a in stack.items]
             n, aval = len(items), stack.value
-            key = ("jdtr.stack", n, aval.shape, aval.dtype.str)
+            key = ("jdtr.stack", n, aval.shape, str(aval.dtype))
             made = self.emit_fn(body, "stack", key, lambda *xs: jnp.stack(xs), items, jax.ShapeDtypeStruct(aval.shape, aval.dtype))
             stack.value, stack.materialized = made, True
         return stack.value
@@ -148,6 +164,7 @@ class _Normalizer:
                 inputs,
                 [v.aval for v in eqn.outvars],
                 exe,
+                params=eqn.params,
                 effects=_jax_core.has_effects(eqn),
                 source=_jax_core.source_line(eqn),
             )
@@ -203,7 +220,7 @@ class _Normalizer:
         if isinstance(x, Const):
             return Const(np.asarray(x.value)[i])
         aval = var.aval
-        key = ("jdtr.index", i, tuple(aval.shape), np.dtype(aval.dtype).str)
+        key = ("jdtr.index", i, tuple(aval.shape), str(aval.dtype))
         item_aval = jax.ShapeDtypeStruct(tuple(aval.shape[1:]), aval.dtype, weak_type=getattr(aval, "weak_type", False))
         return self.emit_fn(body, "index", key, lambda a: a[i], [x], item_aval)
 

@@ -21,15 +21,12 @@ class Value:
 
     id: int
     shape: tuple[int, ...]
-    dtype: np.dtype
-    weak_type: bool = False
-
-    @property
-    def nbytes(self) -> int:
-        return int(np.prod(self.shape, dtype=np.int64)) * np.dtype(self.dtype).itemsize
+    dtype: Any  # a numpy dtype, or a JAX extended dtype (PRNG keys)
+    weak_type: bool
+    nbytes: int
 
     def __repr__(self) -> str:
-        return f"v{self.id}:{np.dtype(self.dtype).name}{list(self.shape)}"
+        return f"v{self.id}:{self.dtype}{list(self.shape)}"
 
 
 @dataclass(frozen=True, eq=False)

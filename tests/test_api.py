@@ -1,0 +1,364 @@
+"""jdtr.grad / value_and_grad behave like jax.grad / value_and_grad."""
+
+from __future__ import annotations
+
+import gc
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import jdtr
+
+KEY = jax.random.PRNGKey(0)
+
+
+def chain(params, x):
+    for w in params["layers"]:
+        x = jnp.tanh(x @ w["w"] + w["b"])
+    return jnp.mean(x**2)
+
+
+def make_params(layers=8, width=16, batch=64):
+    keys = jax.random.split(KEY, layers + 1)
+    params = {
+        "layers": [
+            {"w": jax.random.normal(k, (width, width)) / jnp.sqrt(width), "b": jnp.zeros(width)} for k in keys[:-1]
+        ]
+    }
+    return params, jax.random.normal(keys[-1], (batch, width))
+
+
+def assert_trees_close(a, b, rtol=1e-5, atol=1e-6):
+    assert jax.tree_util.tree_structure(a) == jax.tree_util.tree_structure(b)
+    for x, y in zip(jax.tree_util.tree_leaves(a), jax.tree_util.tree_leaves(b)):
+        np.testing.assert_allclose(np.asarray(x), np.asarray(y), rtol=rtol, atol=atol)
+
+
+def live_ids():
+    gc.collect()
+    return {id(a) for a in jax.live_arrays()}
+
+
+# ----------------------------------------------------------------- signatures
+
+
+def test_has_aux_and_value():
+    params, x = make_params()
+
+    def loss(params, x):
+        value = chain(params, x)
+        return value, {"value_twice": 2 * value}
+
+    (value, aux), grads = jdtr.value_and_grad(loss, has_aux=True, budget=0.4)(params, x)
+    (rvalue, raux), rgrads = jax.value_and_grad(loss, has_aux=True)(params, x)
+    assert_trees_close((value, aux, grads), (rvalue, raux, rgrads))
+    grads2, aux2 = jdtr.grad(loss, has_aux=True, budget=0.4)(params, x)
+    assert_trees_close((grads2, aux2), (rgrads, raux))
+
+
+def test_tuple_argnums_and_kwargs():
+    params, x = make_params()
+
+    def loss(params, x, scale=1.0):
+        return chain(params, x * scale)
+
+    got = jdtr.grad(loss, argnums=(0, 1), budget=0.5)(params, x, scale=0.5)
+    ref = jax.grad(loss, argnums=(0, 1))(params, x, scale=0.5)
+    assert isinstance(got, tuple) and len(got) == 2
+    assert_trees_close(got, ref)
+
+
+def test_nested_pytrees_and_numpy_and_python_scalars():
+    def loss(tree, s):
+        a, (b, c) = tree["pair"]
+        return jnp.sum(jnp.sin(a) * b) + c["z"] ** 2 * s
+
+    tree = {"pair": (np.arange(4.0, dtype=np.float32), (jnp.ones(4), {"z": 3.0}))}
+    got = jdtr.grad(loss, argnums=(0, 1), budget=1.0)(tree, 2.0)
+    ref = jax.grad(loss, argnums=(0, 1))(tree, 2.0)
+    assert_trees_close(got, ref)
+
+
+def test_return_stats_fields():
+    params, x = make_params()
+    grads, stats = jdtr.grad(chain, budget=0.5, return_stats=True)(params, x)
+    assert isinstance(stats, jdtr.Stats)
+    assert stats.budget_bytes == int(0.5 * stats.unconstrained_peak_bytes)
+    assert 0 < stats.peak_bytes <= stats.budget_bytes
+    assert stats.pinned_bytes >= sum(a.nbytes for a in jax.tree_util.tree_leaves((params, x)))
+    assert stats.overhead == pytest.approx((stats.base_cost + stats.remat_cost) / stats.base_cost)
+    assert stats.wall_time_s > 0 and stats.equations > 0
+    with pytest.raises(Exception):
+        stats.peak_bytes = 0  # frozen
+
+
+def test_budget_units():
+    params, x = make_params()
+    _, stats = jdtr.grad(chain, budget=1.0, return_stats=True)(params, x)
+    peak = stats.unconstrained_peak_bytes
+    for budget, expected in [(peak, peak), (f"{peak}B", peak), (f"{peak / 1024:.3f}KiB", None)]:
+        _, s = jdtr.grad(chain, budget=budget, return_stats=True)(params, x)
+        if expected is not None:
+            assert s.budget_bytes == expected
+        assert s.peak_bytes <= s.budget_bytes
+
+
+def test_trace_cache_is_shared_and_keyed_on_structure():
+    params, x = make_params()
+    f = jdtr.grad(chain, budget=0.9, return_stats=True)
+    _, first = f(params, x)
+    _, second = f(params, x)
+    _, other_budget = jdtr.grad(chain, budget=0.5, return_stats=True)(params, x)
+    assert second.cache_hit and other_budget.cache_hit
+    _, new_shape = f(params, x[:32])
+    assert not new_shape.cache_hit
+
+
+def test_deterministic_decisions():
+    params, x = make_params(layers=16)
+    runs = [jdtr.grad(chain, budget=0.4, return_stats=True)(params, x)[1] for _ in range(2)]
+    keys = ("peak_bytes", "evictions", "rematerializations", "base_cost", "remat_cost")
+    assert [getattr(runs[0], k) for k in keys] == [getattr(runs[1], k) for k in keys]
+
+
+def test_measured_cost_model_and_custom_cost_model():
+    params, x = make_params()
+    ref = jax.grad(chain)(params, x)
+    got, stats = jdtr.grad(chain, budget=0.5, cost_model="measured", return_stats=True)(params, x)
+    assert_trees_close(got, ref)
+    assert stats.base_cost > 0
+    seen = []
+
+    def flops_only(info: jdtr.OpInfo) -> float:
+        seen.append(info.name)
+        return 1.0 + info.flops
+
+    got, stats = jdtr.grad(chain, budget=0.5, cost_model=flops_only, return_stats=True)(params, x)
+    assert_trees_close(got, ref)
+    assert "dot_general" in seen
+
+
+def test_custom_heuristic_object():
+    class Largest(jdtr.Heuristic):
+        name = "largest"
+
+        def score(self, storage, now):
+            return -storage.size
+
+    params, x = make_params()
+    got, stats = jdtr.grad(chain, budget=0.5, heuristic=Largest(), return_stats=True)(params, x)
+    assert_trees_close(got, jax.grad(chain)(params, x))
+    assert stats.heuristic == "largest" and stats.evictions > 0
+
+
+@pytest.mark.parametrize("dealloc", ["eager", "banish", "ignore"])
+def test_dealloc_policies(dealloc):
+    params, x = make_params()
+    got, stats = jdtr.grad(chain, budget=0.7, dealloc=dealloc, return_stats=True, debug=True)(params, x)
+    assert_trees_close(got, jax.grad(chain)(params, x))
+    assert stats.live_peak_bytes <= stats.budget_bytes
+
+
+# ----------------------------------------------------- memory: leaks, budgets
+
+
+def test_no_leak_and_caller_arrays_intact():
+    params, x = make_params()
+    leaves = jax.tree_util.tree_leaves((params, x))
+    before = live_ids()
+    grads = jdtr.grad(chain, budget=0.4)(params, x)
+    after = live_ids()
+    assert all(not leaf.is_deleted() for leaf in leaves)
+    assert after - before == {id(g) for g in jax.tree_util.tree_leaves(grads)}
+
+
+def test_out_of_budget_error_states_the_numbers_and_keeps_arrays():
+    params, x = make_params()
+    leaves = jax.tree_util.tree_leaves((params, x))
+    held = sum(a.nbytes for a in leaves)
+    before = live_ids()
+    with pytest.raises(jdtr.OutOfBudgetError) as info:
+        jdtr.grad(chain, budget=held + 4096)(params, x)
+    err = info.value
+    assert isinstance(err, MemoryError)
+    assert err.budget_bytes == held + 4096
+    assert err.pinned_bytes >= held and err.needed_bytes > err.free_bytes
+    assert err.op_name and "budget" in str(err)
+    assert err.source is None or "test_api.py" in err.source
+    assert all(not leaf.is_deleted() for leaf in leaves)
+    assert live_ids() <= before | set()  # nothing of the failed run survives
+    # and the next call works
+    grads = jdtr.grad(chain, budget=0.5)(params, x)
+    assert_trees_close(grads, jax.grad(chain)(params, x))
+
+
+def test_budget_below_the_arguments_fails_before_any_work():
+    params, x = make_params()
+    calls = []
+
+    def loss(params, x):
+        jax.debug.callback(lambda: calls.append(1))
+        return chain(params, x)
+
+    with pytest.raises(jdtr.OutOfBudgetError, match="arguments"):
+        jdtr.grad(loss, budget=1024)(params, x)
+    assert calls == []
+
+
+# ------------------------------------------------------------------- effects
+
+
+def test_effects_run_once_and_are_never_replayed():
+    params, x = make_params(layers=16)
+    calls = []
+
+    def loss(params, x):
+        for i, w in enumerate(params["layers"]):
+            x = jnp.tanh(x @ w["w"] + w["b"])
+            if i == 3:
+                jax.debug.callback(lambda v: calls.append(float(v)), jnp.sum(x))
+        return jnp.mean(x**2)
+
+    got, stats = jdtr.grad(loss, budget=0.35, return_stats=True)(params, x)
+    assert stats.rematerializations > 0
+    assert len(calls) == 1
+    assert_trees_close(got, jax.grad(loss)(params, x))
+
+
+# ---------------------------------------------------------------- control flow
+
+
+def test_cond_runs_only_the_taken_branch():
+    def loss(w, x):
+        h = jnp.tanh(x @ w)
+        h = jax.lax.cond(jnp.sum(h) > 0, lambda a: jnp.sin(a) * 3, lambda a: a @ w, h)
+        return jnp.sum(h**2)
+
+    w = jax.random.normal(KEY, (8, 8))
+    for sign in (1.0, -1.0):
+        x = sign * jnp.ones((4, 8))
+        got = jdtr.grad(loss, budget=0.8)(w, x)
+        np.testing.assert_allclose(got, jax.grad(loss)(w, x), rtol=1e-5, atol=1e-6)
+
+
+def test_switch_with_three_branches_and_literal_outputs():
+    def loss(x, i):
+        y = jax.lax.switch(i, [lambda a: a * 2.0, lambda a: jnp.zeros_like(a), lambda a: a], x)
+        return jnp.sum(y**2)
+
+    x = jnp.arange(3.0)
+    for i in range(3):
+        got = jdtr.grad(loss, budget=1.0)(x, jnp.int32(i))
+        np.testing.assert_allclose(got, jax.grad(loss)(x, jnp.int32(i)))
+
+
+def test_jit_custom_jvp_custom_vjp_and_remat_are_inlined():
+    @jax.custom_vjp
+    def clip_grad(x):
+        return x
+
+    clip_grad.defvjp(lambda x: (x, None), lambda _, g: (jnp.clip(g, -0.1, 0.1),))
+
+    @jax.jit
+    def block(w, x):
+        return jax.nn.gelu(x @ w)
+
+    def loss(w, x):
+        h = jax.checkpoint(block)(w, x)
+        h = clip_grad(jax.nn.relu(h))
+        return jnp.sum(jax.nn.softmax(h) * h)
+
+    w = jax.random.normal(KEY, (16, 16))
+    x = jax.random.normal(KEY, (32, 16))
+    program = jdtr.transform.normalize(jax.make_jaxpr(jax.value_and_grad(loss))(w, x))
+    names = {item.name for item in program.body}
+    assert not names & {"jit", "pjit", "custom_jvp_call", "custom_vjp_call", "remat", "checkpoint"}
+    got = jdtr.grad(loss, budget=0.8)(w, x)
+    np.testing.assert_allclose(got, jax.grad(loss)(w, x), rtol=1e-5, atol=1e-6)
+
+
+def test_fori_loop_scan_and_while_as_opaque_op():
+    def loss(w, x):
+        x = jax.lax.fori_loop(0, 5, lambda i, h: jnp.tanh(h @ w), x)
+        n = jax.lax.while_loop(lambda c: c < 3, lambda c: c + 1, 0)  # not differentiated
+        return jnp.sum(x**2) * n
+
+    w = jax.random.normal(KEY, (8, 8)) / 3
+    x = jnp.ones((4, 8))
+    np.testing.assert_allclose(jdtr.grad(loss, budget=0.7)(w, x), jax.grad(loss)(w, x), rtol=1e-5, atol=1e-6)
+
+
+# --------------------------------------------------------------- bad input
+
+
+@pytest.mark.parametrize(
+    "budget, error, match",
+    [
+        (0, ValueError, "positive"),
+        (-5, ValueError, "positive"),
+        (0.0, ValueError, "fraction"),
+        (1.5, ValueError, "fraction"),
+        (float("nan"), ValueError, "fraction"),
+        ("12 parsecs", ValueError, "unit"),
+        ("-3MiB", ValueError, "cannot read"),
+        (True, TypeError, "budget"),
+        ([1], TypeError, "budget"),
+    ],
+)
+def test_bad_budgets_fail_at_wrap_time(budget, error, match):
+    with pytest.raises(error, match=match):
+        jdtr.grad(chain, budget=budget)
+
+
+def test_bad_options():
+    with pytest.raises(ValueError, match="unknown heuristic"):
+        jdtr.grad(chain, heuristic="belady")
+    with pytest.raises(ValueError, match="dealloc"):
+        jdtr.grad(chain, dealloc="maybe")
+    with pytest.raises(ValueError, match="cost_model"):
+        jdtr.grad(chain, cost_model="guess")
+    with pytest.raises(TypeError, match="argnums"):
+        jdtr.grad(chain, argnums="0")
+    with pytest.raises(TypeError, match="callable"):
+        jdtr.grad(3)
+
+
+def test_bad_arguments_are_reported_like_jax():
+    params, x = make_params()
+    with pytest.raises(TypeError, match="grad requires real- or complex-valued inputs"):
+        jdtr.grad(lambda n: jnp.sum(n * 1.0))(jnp.arange(3))
+    with pytest.raises(TypeError, match="scalar"):
+        jdtr.grad(lambda v: v * 2)(jnp.ones(3))
+    with pytest.raises(TypeError, match="positional arguments"):
+        jdtr.grad(chain, argnums=2)(params, x)
+    dead = jnp.ones(3)
+    dead.delete()
+    with pytest.raises(ValueError, match=r"argument 0 is a deleted"):
+        jdtr.grad(lambda v: jnp.sum(v))(dead)
+    with pytest.raises(ValueError, match=r"argument 1\[0\] is a deleted"):
+        jdtr.grad(lambda a, b: jnp.sum(a) + jnp.sum(b[0]))(jnp.ones(2), [dead])
+    with pytest.raises(TypeError, match="not a valid JAX type"):
+        jdtr.grad(lambda s: 1.0)("text")
+
+
+def test_under_jit_gives_a_clear_error():
+    with pytest.raises(TypeError, match="remat_grad"):
+        jax.jit(jdtr.grad(lambda v: jnp.sum(v**2)))(jnp.ones(3))
+
+
+def test_static_python_arguments_select_structure():
+    def loss(w, depth):
+        h = w
+        for _ in range(depth):
+            h = jnp.sin(h)
+        return jnp.sum(h)
+
+    f = jdtr.grad(loss, budget=1.0, return_stats=True)
+    w = jnp.ones(4)
+    for depth in (1, 3):
+        got, _ = f(w, depth)
+        np.testing.assert_allclose(got, jax.grad(loss)(w, depth), rtol=1e-6)
+    _, stats = f(w, 3)
+    assert stats.cache_hit
