@@ -141,23 +141,37 @@ class Runtime:
                 storage.root = tensor
             storage.tensors.append(tensor)
             op.outputs.append(tensor)
-        self._perform(op, rematerialization=False)
-        new_storages: dict[Storage, None] = {}
-        for tensor in op.outputs:
-            storage = tensor.storage
-            storage.cost += op.cost
-            for dep in dict.fromkeys(t.storage for t in op.inputs):
+        if op.cost is not None:
+            # As in the paper's simulator, a view's operator is charged to the
+            # viewed storage when it is called, before it runs (running it may
+            # rematerialize that storage).
+            self._charge(op)
+            self._perform(op, rematerialization=False)
+        else:
+            self._perform(op, rematerialization=False)  # measures op.cost
+            self._charge(op)
+        input_storages = dict.fromkeys(t.storage for t in op.inputs)
+        for storage in dict.fromkeys(t.storage for t in op.outputs):
+            for dep in input_storages:
                 if dep is not storage and dep not in storage.deps:
                     storage.deps.append(dep)
                     dep.dependents.append(storage)
-            if not tensor.is_alias:
-                new_storages[storage] = None
+        for tensor in op.outputs:
             self._ref(tensor)
+        new_storages = dict.fromkeys(t.storage for t in op.outputs if not t.is_alias)
         for storage in new_storages:
             self.heuristic.on_compute(storage)
             if not replayable:
                 self._pin(storage)
         return op.outputs
+
+    @staticmethod
+    def _charge(op: Operator) -> None:
+        """Adds `op`'s cost to the storages of its outputs (App. C.2: a
+        storage costs the sum over the distinct operators of its tensors, so
+        an operator with two views of one storage counts once)."""
+        for storage in dict.fromkeys(t.storage for t in op.outputs):
+            storage.cost += op.cost
 
     # ------------------------------------------------------------- references
 
@@ -202,24 +216,37 @@ class Runtime:
 
     # ------------------------------------------------------------ the algorithm
 
-    def _perform(self, op: Operator, rematerialization: bool) -> None:
+    def _perform(self, op: Operator, rematerialization: bool, target: Optional[Tensor] = None) -> None:
         """Locks the inputs, rematerializes the undefined ones, reserves the
         outputs' memory and runs `op` (App. C.4, (Re)materialization).
 
-        The inputs' last access is the time the op is requested, before any
-        nested rematerialization (as the paper's simulator does); the outputs
-        of a first computation are stamped when it finishes.
+        `target` is the output asked for (the first one for a first
+        computation). The order of every step follows the paper's simulator,
+        because the pool's order breaks ties between equal scores:
+
+        * the inputs' last access is the time the op is requested, before any
+          nested rematerialization; a first computation's outputs are stamped
+          when it finishes;
+        * the defined inputs are locked first; each undefined one is then
+          rematerialized (unless a sibling's replay defined it meanwhile) and
+          locked in turn;
+        * the outputs that became resident join the pool (the target last)
+          before the inputs are unlocked, in input order.
         """
         for tensor in op.inputs:
             tensor.storage.last_access = self.clock
-        locked = []
+        ready = [t for t in op.inputs if t.defined]
+        pending = [t for t in op.inputs if not t.defined]
+        locked: list[Storage] = []
         try:
-            for tensor in op.inputs:
+            for tensor in ready:
                 self._lock(tensor.storage)
                 locked.append(tensor.storage)
-            for tensor in op.inputs:
+            for tensor in pending:
                 if not tensor.defined:
                     self._rematerialize(tensor)
+                self._lock(tensor.storage)
+                locked.append(tensor.storage)
             needed = sum(t.size for t in op.outputs)
             self._reserve(needed, op, op.name)
             try:
@@ -227,14 +254,37 @@ class Runtime:
             except BaseException:
                 self._unreserve(needed)
                 raise
-        finally:
+            self._finish(op, buffers, elapsed, rematerialization, target or (op.outputs[0] if op.outputs else None))
+        except BaseException:
             for storage in locked:
                 self._unlock(storage)
+            raise
+        for tensor in op.inputs:
+            self._unlock(tensor.storage)
+        if rematerialization and self.remat_limit is not None and self.remat_cost > self.remat_limit:
+            raise ThrashError(f"rematerialization cost {self.remat_cost:g} exceeded {self.remat_limit:g}")
+        if self._pending_banish:
+            for storage in dict.fromkeys(t.storage for t in op.inputs):
+                if storage in self._pending_banish:
+                    self._try_banish(storage)
+
+    def _finish(
+        self,
+        op: Operator,
+        buffers: list[Any],
+        elapsed: Optional[float],
+        rematerialization: bool,
+        target: Optional[Tensor],
+    ) -> None:
+        """Accounts for `op` having run: the clock, its outputs' buffers and residency."""
         if op.cost is None:
             op.cost = float(elapsed) if elapsed is not None else 0.0
         self.clock += op.cost
+        if rematerialization:
+            self.remat_cost += op.cost
         for observer in self.observers:
             observer.on_compute(op, op.cost, rematerialization, self.clock)
+        became_resident: list[Storage] = []
         for tensor, buffer in zip(op.outputs, buffers):
             storage = tensor.storage
             if tensor.defined:
@@ -245,30 +295,25 @@ class Runtime:
                     self._unreserve(storage.size)
                 continue
             tensor.buffer, tensor.defined = buffer, True
-            if not tensor.is_alias:
+            if not storage.resident:
                 storage.resident = True
                 if rematerialization:
                     self.heuristic.on_rematerialize(storage)
             if not rematerialization:
                 storage.last_access = self.clock
+            if tensor is not target:
+                became_resident.append(storage)
+        # The target joins the pool last, as in the paper's simulator.
+        for storage in (*became_resident, *((target.storage,) if target is not None else ())):
             self._update_pool(storage)
-        if rematerialization:
-            self.remat_cost += op.cost
-            if self.remat_limit is not None and self.remat_cost > self.remat_limit:
-                raise ThrashError(f"rematerialization cost {self.remat_cost:g} exceeded {self.remat_limit:g}")
-        if self._pending_banish:
-            for storage in dict.fromkeys(t.storage for t in op.inputs):
-                if storage in self._pending_banish:
-                    self._try_banish(storage)
 
     def _rematerialize(self, tensor: Tensor) -> None:
         op = tensor.op
         if op is None or not op.replayable:
             raise RuntimeError(f"{tensor!r} was freed but cannot be recomputed; this is a jdtr bug")
-        if tensor.is_alias and not tensor.storage.resident:
-            # The view needs its storage first; the storage's root rebuilds it.
-            self._rematerialize(tensor.storage.root)
-        self._perform(op, rematerialization=True)
+        # A view of an evicted storage reads a tensor of that storage, so the
+        # recursion over its inputs rebuilds the storage first.
+        self._perform(op, rematerialization=True, target=tensor)
 
     def _reserve(self, nbytes: int, op: Optional[Operator], name: str) -> None:
         """Evicts until `nbytes` more fit under the budget, then takes them."""

@@ -20,8 +20,9 @@ from .program import Const
 
 @dataclass
 class Executable:
-    fn: Callable[..., list[Any]]
+    fn: Callable[..., list[Any]]  # jitted: concrete arrays in, list of arrays out
     jitted: Any  # the jax.jit object, for lowering (XLA cost analysis)
+    trace: Callable[..., list[Any]]  # not jitted: binds the primitive under any trace
     info: Any = None  # cached OpInfo under the XLA cost model
 
 
@@ -49,12 +50,15 @@ def executable(
         found = _CACHE.get(key)
         if found is not None:
             return found
-    fn = jax.jit(build())
+    impl = build()
+    fn = jax.jit(impl)
     if multiple_results:
         call = lambda *args: list(fn(*args))  # noqa: E731
+        trace = lambda *args: list(impl(*args))  # noqa: E731
     else:
         call = lambda *args: [fn(*args)]  # noqa: E731
-    made = Executable(call, fn)
+        trace = lambda *args: [impl(*args)]  # noqa: E731
+    made = Executable(call, fn, trace)
     try:
         with _LOCK:
             _CACHE[key] = made

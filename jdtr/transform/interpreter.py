@@ -76,8 +76,9 @@ class LiveArrayCheck:
 class Interpreter:
     """Evaluates a program with `runtime`; one instance per run."""
 
-    def __init__(self, runtime: Runtime):
+    def __init__(self, runtime: Runtime, choose_branch: Optional[Callable[[Cond], int]] = None):
         self.runtime = runtime
+        self.choose_branch = choose_branch  # for simulation, where no predicate can be read
 
     def run(self, program: Program, args: Sequence[Any], owned: Sequence[bool]) -> list[Any]:
         """Runs `program` on `args`; `owned[i]` marks arguments jdtr created
@@ -133,7 +134,10 @@ class Interpreter:
     def _cond(self, cond: Cond, env: dict[Value, Tensor]) -> None:
         """Reads the branch index from the device and runs only that branch."""
         runtime = self.runtime
-        index = int(np.asarray(runtime.get(env[cond.index])))
+        if self.choose_branch is not None:
+            index = self.choose_branch(cond)
+        else:
+            index = int(np.asarray(runtime.get(env[cond.index])))
         branch = cond.branches[min(max(index, 0), len(cond.branches) - 1)]  # lax.switch clamps
         branch_env: dict[Value, Tensor] = {}
         for value, atom in zip(branch.inputs, cond.operands):

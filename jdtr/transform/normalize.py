@@ -47,6 +47,7 @@ class _Normalizer:
         self.ids = itertools.count()
         self.cost_model = cost_model
         self.consts: dict[int, tuple[Value, Any]] = {}
+        self.names: dict[str, Any] = {}
         self.unrolled = 0
 
     # ------------------------------------------------------------- values
@@ -84,7 +85,8 @@ class _Normalizer:
     ) -> list[Value]:
         outputs = tuple(self.new_value(a) for a in out_avals)
         args = [a for a in inputs if isinstance(a, Value)]
-        body.append(Equation(name, tuple(inputs), outputs, exe.fn, self.cost(exe, name, params or {}, args, outputs), effects, source))
+        cost = self.cost(exe, name, params or {}, args, outputs)
+        body.append(Equation(name, tuple(inputs), outputs, exe.fn, cost, effects, source, exe.trace))
         return list(outputs)
 
     def cost(self, exe: Executable, name: str, params: dict, args: Sequence[Value], outputs: Sequence[Value]):
@@ -155,6 +157,9 @@ class _Normalizer:
             outs = self.unroll_scan(body, env, eqn)
         elif name == "cond":
             outs = self.cond(body, env, eqn)
+        elif name == "name":  # `checkpoint_name`: an identity DTR sees through
+            outs = [self.lazy(env, eqn.invars[0])]
+            self.names[eqn.params["name"]] = outs[0]
         else:
             inputs = [self.read(body, env, a) for a in eqn.invars]
             exe = primitive_executable(eqn, inputs)
@@ -271,4 +276,5 @@ def normalize(closed_jaxpr: Any, cost_model: CostModel = None) -> Program:
     used = program.used_values()
     program.consts = tuple((v, a) for v, a in n.consts.values() if v in used)
     program.release_after = liveness(program)
+    program.names = {k: v for k, v in n.names.items() if isinstance(v, Value)}
     return program

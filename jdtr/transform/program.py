@@ -47,16 +47,19 @@ class Equation:
     """`outputs = fn(inputs)`: one operator of the DTR runtime.
 
     `fn` is the executable (a cached, jitted callable) that maps the
-    non-literal inputs to the outputs; `cost` is its deterministic cost.
+    non-literal inputs to the outputs; `trace` does the same without jit,
+    for re-tracing the program inside another transformation; `cost` is its
+    deterministic cost (None: measured at run time).
     """
 
     name: str
     inputs: tuple[Atom, ...]
     outputs: tuple[Value, ...]
     fn: Callable[..., list[Any]]
-    cost: float
+    cost: Optional[float]
     effects: bool = False
     source: Optional[str] = None
+    trace: Optional[Callable[..., list[Any]]] = None
 
     @property
     def args(self) -> tuple[Value, ...]:
@@ -95,6 +98,7 @@ class Program:
     body: list[Item]
     outputs: tuple[Atom, ...]
     release_after: dict[int, list[Value]] = field(default_factory=dict)
+    names: dict[str, Value] = field(default_factory=dict)  # `checkpoint_name`s seen
 
     def __post_init__(self) -> None:
         self.release_after = liveness(self)

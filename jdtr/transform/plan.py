@@ -1,0 +1,807 @@
+"""DTR decisions exported as `jax.checkpoint` segments for compiled code.
+
+`jdtr.grad` pays Python dispatch per equation. For a static computation one
+can instead *simulate* DTR once on the traced forward+backward at the
+budget, read off which forward values it kept resident until the backward
+pass needed them (its persistent checkpoints), and compile that decision:
+
+1. The forward function is traced and normalised (scans unrolled), and every
+   forward value gets a `checkpoint_name`.
+2. The value-and-grad of that named forward is simulated under the budget
+   (the same runtime, with a backend that holds no buffers). A named value
+   the backward pass reads and DTR never had to rematerialize is *saved*.
+3. The forward equations are cut into segments at points where every value
+   crossing the cut is saved: each segment becomes one `jax.checkpoint`
+   whose policy saves the segment's saved names, so its other values are
+   recomputed when the backward pass reaches it.
+4. The compiled step's memory (`memory_analysis()`: arguments + outputs +
+   temporaries) is checked against the budget; if XLA needs more than the
+   simulation predicted, the plan is redone for a proportionally smaller
+   simulated budget.
+
+XLA on the CPU removes `jax.checkpoint`'s optimisation barriers (its
+`cse_barrier_expander` pass), after which CSE merges the recomputation back
+into the forward pass and nothing is saved. Segments are therefore wrapped,
+by default on the CPU, in a `custom_vjp` whose backward runs the segment's
+recomputation inside a `lax.cond` on a data-dependent predicate: CSE cannot
+reach into a conditional's branch, so the plan survives any compiler flags.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from dataclasses import dataclass
+from typing import Any, Callable, Hashable, Optional, Sequence, Union
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+from jax.ad_checkpoint import checkpoint_name
+
+from ..budget import BudgetLike, parse_budget
+from ..runtime import (
+    Counters,
+    Heuristic,
+    NullBackend,
+    Observer,
+    OutOfBudgetError,
+    Runtime,
+    ThrashError,
+    format_bytes,
+    get_heuristic,
+)
+from .grad import _argnums_tuple, _describe, _leaf_spec, _Static
+from .interpreter import Interpreter
+from .normalize import normalize
+from .program import Cond, Const, Equation, Program, Value
+
+NAME_PREFIX = "jdtr:"
+IMPLEMENTATIONS = ("auto", "checkpoint", "protected")
+
+
+# --------------------------------------------------------------------- policy
+
+
+@dataclass(frozen=True)
+class SavePolicy:
+    """A `jax.checkpoint` policy: save the values named in `names`.
+
+    Frozen and hashable, so it can be passed to `jax.checkpoint`,
+    `flax.nnx.remat` and `flax.linen.remat`. `signatures` additionally saves
+    outputs of a primitive with given input shapes and dtypes: this is how a
+    plan's decisions carry over to code that does not use jdtr's names (for
+    example a Flax module wrapped in `nnx.remat(..., policy=plan.policy)`).
+    """
+
+    names: frozenset[str] = frozenset()
+    signatures: frozenset[tuple] = frozenset()
+
+    def __call__(self, prim, *avals, **params) -> bool:
+        if prim.name == "name":
+            return params.get("name") in self.names
+        if self.signatures:
+            return (prim.name, tuple((tuple(a.shape), str(a.dtype)) for a in avals)) in self.signatures
+        return False
+
+
+# ------------------------------------------------------------------- the plan
+
+
+@dataclass(frozen=True)
+class Segment:
+    """A run of forward equations wrapped in one `jax.checkpoint`."""
+
+    index: int
+    start: int  # first equation (index into the forward program's body)
+    stop: int  # one past the last
+    inputs: tuple[Value, ...]  # values it reads from earlier segments (saved for its backward)
+    outputs: tuple[Value, ...]  # values later segments or the result read
+    saved: tuple[Value, ...]  # values inside it kept for the backward pass
+    recomputed: tuple[Value, ...]  # values inside it the backward pass recomputes
+
+    @property
+    def policy(self) -> SavePolicy:
+        return SavePolicy(frozenset(NAME_PREFIX + str(v.id) for v in self.saved))
+
+
+@dataclass(frozen=True)
+class SimulatedRun:
+    """The DTR simulation a plan was read from."""
+
+    budget_bytes: int
+    peak_bytes: int
+    unconstrained_peak_bytes: int
+    evictions: int
+    rematerializations: int
+    overhead: float
+
+
+@dataclass(frozen=True, eq=False)
+class Plan:
+    """Where a value-and-grad saves and where it recomputes, as checkpoint segments.
+
+    Attributes:
+      budget_bytes: the budget the plan was made for (bytes of the whole step).
+      segments: the `jax.checkpoint` segments, in forward order.
+      saved: every forward value kept for the backward pass (segment inputs included).
+      simulated: the DTR simulation the plan was read from.
+      compiled_bytes: XLA's argument + output + temporary bytes of the planned step
+        (None if not compiled yet).
+      unconstrained_compiled_bytes: the same for `jax.grad` without remat.
+      policy: one `SavePolicy` for the whole plan (names and signatures).
+    """
+
+    budget_bytes: int
+    segments: tuple[Segment, ...]
+    saved: frozenset[Value]
+    simulated: SimulatedRun
+    program: Program = dataclasses.field(repr=False)
+    _config: Any = dataclasses.field(repr=False)
+    compiled_bytes: Optional[int] = None
+    unconstrained_compiled_bytes: Optional[int] = None
+    predicted_bytes: int = 0  # the plan's own model of the compiled step
+
+    @functools.cached_property
+    def policy(self) -> SavePolicy:
+        names = frozenset(NAME_PREFIX + str(v.id) for s in self.segments for v in s.saved)
+        signatures = set()
+        for item in self.program.body:
+            if isinstance(item, Equation) and any(v in self.saved for v in item.outputs):
+                signatures.add((item.name, tuple((tuple(a.shape), str(a.dtype)) for a in item.args)))
+        return SavePolicy(names, frozenset(signatures))
+
+    # ---------------------------------------------------------------- running
+
+    def forward(self, *args, **kwargs):
+        """The user's function, run through the plan's checkpoint segments."""
+        config = self._config
+        leaves = config.traced_leaves(args, kwargs)
+        outs = run_segments(self.program, self.segments, leaves, config.implementation)
+        return config.unflatten_outputs(outs)
+
+    def value_and_grad(self, *args, **kwargs):
+        config = self._config
+        return jax.value_and_grad(self.forward, config.argnums, config.has_aux)(*args, **kwargs)
+
+    def grad(self, *args, **kwargs):
+        config = self._config
+        return jax.grad(self.forward, config.argnums, config.has_aux)(*args, **kwargs)
+
+    # --------------------------------------------------------------- reading
+
+    def report(self) -> str:
+        """What each segment saves and recomputes, like `print_saved_residuals`."""
+        lines = [
+            f"jdtr plan: budget {format_bytes(self.budget_bytes)}, {len(self.segments)} segments, "
+            f"simulated peak {format_bytes(self.simulated.peak_bytes)} "
+            f"(unconstrained {format_bytes(self.simulated.unconstrained_peak_bytes)}), "
+            f"simulated overhead {self.simulated.overhead:.3f}x"
+        ]
+        if self.compiled_bytes is not None:
+            lines.append(
+                f"compiled step: {format_bytes(self.compiled_bytes)} (arguments + outputs + temporaries; "
+                f"without remat {format_bytes(self.unconstrained_compiled_bytes or 0)})"
+            )
+        producer = {v: item for item in self.program.body if isinstance(item, Equation) for v in item.outputs}
+        total_in = total_saved = total_recomputed = 0
+        for seg in self.segments:
+            nin, nsaved, nrec = (sum(v.nbytes for v in vs) for vs in (seg.inputs, seg.saved, seg.recomputed))
+            total_in, total_saved, total_recomputed = total_in + nin, total_saved + nsaved, total_recomputed + nrec
+            lines.append(
+                f"segment {seg.index}: equations {seg.start}..{seg.stop - 1}, inputs {format_bytes(nin)}, "
+                f"saved {format_bytes(nsaved)}, recomputed {format_bytes(nrec)}"
+            )
+            for v in seg.saved:
+                item = producer.get(v)
+                where = f"{item.name} at {item.source}" if item is not None else "input"
+                lines.append(f"  {v.dtype}{list(v.shape)} saved: output of {where}")
+        lines.append(
+            f"total: segment inputs {format_bytes(total_in)}, saved inside segments {format_bytes(total_saved)}, "
+            f"recomputed {format_bytes(total_recomputed)}"
+        )
+        return "\n".join(lines)
+
+
+# ------------------------------------------------------------ configuration
+
+
+@dataclass(frozen=True, eq=False)
+class _Config:
+    """How the user's function is flattened for planning."""
+
+    fun: Callable
+    argnums: Union[int, tuple[int, ...]]
+    has_aux: bool
+    treedef: Any
+    specs: tuple
+    out_tree: Any
+    implementation: str
+    differentiated: tuple[bool, ...]  # per leaf: part of a differentiated argument
+
+    def traced_leaves(self, args, kwargs) -> list:
+        leaves = jax.tree_util.tree_leaves((args, kwargs))
+        return [x for x, s in zip(leaves, self.specs) if not isinstance(s, _Static)]
+
+    def unflatten_outputs(self, outs):
+        return jax.tree_util.tree_unflatten(self.out_tree, outs)
+
+
+def _flatten(fun, argnums, args, kwargs):
+    argnum_tuple = _argnums_tuple(argnums)
+    for i in argnum_tuple:
+        if i >= len(args) or i < -len(args):
+            raise TypeError(
+                f"differentiating with respect to argnums={argnums} requires at least {max(argnum_tuple) + 1} "
+                f"positional arguments to be passed by the caller, but got only {len(args)} positional arguments"
+            )
+    diff = {i % len(args) for i in argnum_tuple}
+    paths, treedef = jax.tree_util.tree_flatten_with_path((args, kwargs))
+    specs, flags = [], []
+    for path, leaf in paths:
+        differentiated = path[0].idx == 0 and path[1].idx in diff
+        flags.append(differentiated)
+        if isinstance(leaf, jax.core.Tracer):  # inside jit / vmap: only the shape matters
+            specs.append(jax.ShapeDtypeStruct(leaf.shape, leaf.dtype, weak_type=getattr(leaf.aval, "weak_type", False)))
+        else:
+            specs.append(_leaf_spec(leaf, differentiated, f"argument {_describe(path)}"))
+    return treedef, tuple(specs), tuple(flags)
+
+
+def _forward_program(fun, treedef, specs):
+    """The forward function's normalised program; inputs are the traced leaves."""
+    traced_positions = [i for i, s in enumerate(specs) if not isinstance(s, _Static)]
+
+    def flat_forward(*traced):
+        leaves = [s.value if isinstance(s, _Static) else None for s in specs]
+        for i, x in zip(traced_positions, traced):
+            leaves[i] = x
+        args, kwargs = jax.tree_util.tree_unflatten(treedef, leaves)
+        return fun(*args, **kwargs)
+
+    closed, out_shape = jax.make_jaxpr(flat_forward, return_shape=True)(*[specs[i] for i in traced_positions])
+    return normalize(closed), jax.tree_util.tree_structure(out_shape)
+
+
+# ----------------------------------------------------- re-tracing a program
+
+
+def _is_float(v: Value) -> bool:
+    try:
+        return bool(jnp.issubdtype(v.dtype, jnp.inexact))
+    except TypeError:  # extended dtypes (PRNG keys)
+        return False
+
+
+def _run_items(items: Sequence, env: dict, names: Optional[set] = None) -> None:
+    """Evaluates program items on traced values; names the outputs in `names`."""
+    for item in items:
+        if isinstance(item, Equation):
+            outs = item.trace(*[env[v] for v in item.args])
+            for v, out in zip(item.outputs, outs):
+                if names is not None and v in names:
+                    out = checkpoint_name(out, NAME_PREFIX + str(v.id))
+                env[v] = out
+        else:
+            env_index = env[item.index]
+            operands = [env[a] if isinstance(a, Value) else jnp.asarray(a.value) for a in item.operands]
+            branches = [functools.partial(_run_branch, b) for b in item.branches]
+            outs = lax.switch(jnp.clip(env_index, 0, len(branches) - 1), branches, *operands)
+            for v, out in zip(item.outputs, outs):
+                env[v] = out
+
+
+def _run_branch(branch: Program, *operands):
+    env = dict(zip(branch.inputs, operands))
+    for v, array in branch.consts:
+        env[v] = array
+    _run_items(branch.body, env)
+    return [env[a] if isinstance(a, Value) else jnp.asarray(a.value) for a in branch.outputs]
+
+
+def _named_forward(program: Program):
+    """The forward function with every float value named, for the simulation."""
+    named = {v for item in program.body for v in item.outputs if _is_float(v)}
+
+    def forward(*leaves):
+        env = dict(zip(program.inputs, leaves))
+        for v, array in program.consts:
+            env[v] = array
+        _run_items(program.body, env, named)
+        return [env[a] if isinstance(a, Value) else jnp.asarray(a.value) for a in program.outputs]
+
+    return forward
+
+
+# ------------------------------------------------------------ simulation
+
+
+class _Rematerialized(Observer):
+    def __init__(self):
+        self.values: set[Value] = set()
+
+    def on_compute(self, op, cost, rematerialization, clock):
+        if rematerialization and isinstance(op.payload, Equation):
+            self.values.update(op.payload.outputs)
+
+
+def _largest_branch(cond: Cond) -> int:
+    peaks = [b.unconstrained_peak() for b in cond.branches]
+    return int(np.argmax(peaks))
+
+
+def simulate_program(
+    program: Program, budget_bytes: int, heuristic, remat_limit_factor: float = 1.0
+) -> tuple[Counters, set[Value]]:
+    """DTR on `program` with no buffers; a `cond` takes its most memory-hungry branch."""
+    counters, remat = Counters(), _Rematerialized()
+    # A plan that recomputes more than the whole step again is not worth reading.
+    base = sum(item.cost or 0.0 for item in program.body if isinstance(item, Equation))
+    runtime = Runtime(
+        NullBackend(),
+        budget_bytes,
+        heuristic=get_heuristic(heuristic),
+        observers=[counters, remat],
+        remat_limit=remat_limit_factor * base,
+    )
+    args = [None] * len(program.inputs)
+    Interpreter(runtime, choose_branch=_largest_branch).run(program, args, [True] * len(args))
+    return counters, remat.values
+
+
+# -------------------------------------------------------------- segmentation
+
+
+@dataclass
+class _Crossings:
+    """Liveness of the forward body at every cut position."""
+
+    defined_at: dict
+    last_use: dict
+    live: list  # live[i]: values crossing a cut placed before item i (i = 1..n-1)
+
+
+def _crossings(program: Program) -> _Crossings:
+    body = program.body
+    n = len(body)
+    defined_at = {v: -1 for v in program.inputs}
+    for v, _ in program.consts:
+        defined_at[v] = -1
+    last_use = {}
+    for i, item in enumerate(body):
+        for v in item.outputs:
+            defined_at[v] = i
+        for v in item.args:
+            last_use[v] = i
+    for a in program.outputs:
+        if isinstance(a, Value):
+            last_use[a] = n
+    live_now: set[Value] = set()
+    live = [frozenset()]
+    for i, item in enumerate(body[:-1]):
+        live_now.update(v for v in item.outputs if last_use.get(v, -1) > i)
+        live_now = {v for v in live_now if last_use.get(v, -1) > i}
+        live.append(frozenset(live_now))
+    return _Crossings(defined_at, last_use, live)
+
+
+def _free_to_cross(v: Value, saved: set) -> bool:
+    """Crossing a cut costs nothing for saved values (and for small integer ones)."""
+    return v in saved or (not _is_float(v) and v.nbytes <= 1024)
+
+
+def _cut_positions(program: Program, crossings: _Crossings, saved: set, residuals: set, cap: float) -> list[int]:
+    """DTR's persistent checkpoints as cuts, plus cuts that keep every segment's
+    recomputation under `cap` bytes (at the cheapest crossing in reach)."""
+    body = program.body
+    n = len(body)
+    cuts = [i for i in range(1, n) if all(_free_to_cross(v, saved) for v in crossings.live[i])]
+    extra = lambda i: sum(v.nbytes for v in crossings.live[i] if not _free_to_cross(v, saved))  # noqa: E731
+    result, bounds = [], [0, *cuts, n]
+    for start, stop in zip(bounds[:-1], bounds[1:]):
+        last, acc = start, 0.0
+        for i in range(start, stop):
+            acc += sum(v.nbytes for v in body[i].outputs if v in residuals and v not in saved)
+            if acc > cap and i > last:
+                best = min(range(last + 1, i + 1), key=lambda j: (extra(j), -j))
+                result.append(best)
+                last = best
+                acc = sum(v.nbytes for item in body[best : i + 1] for v in item.outputs if v in residuals and v not in saved)
+        if stop < n:
+            result.append(stop)
+    return sorted(set(result))
+
+
+def _build_segments(
+    program: Program, crossings: _Crossings, saved: set, residuals: set, cuts: Sequence[int]
+) -> tuple[Segment, ...]:
+    body = program.body
+    bounds = [0, *cuts, len(body)]
+    segments = []
+    for start, stop in zip(bounds[:-1], bounds[1:]):
+        if start == stop:
+            continue
+        inside = [v for item in body[start:stop] for v in item.outputs]
+        inside_set = set(inside)
+        reads = []
+        for item in body[start:stop]:
+            for v in item.args:
+                if v not in inside_set and v not in reads:
+                    reads.append(v)
+        leaving = tuple(v for v in inside if crossings.last_use.get(v, -1) >= stop)
+        segments.append(
+            Segment(
+                index=len(segments),
+                start=start,
+                stop=stop,
+                inputs=tuple(reads),
+                outputs=leaving,
+                saved=tuple(v for v in inside if v in saved and v not in leaving),
+                recomputed=tuple(v for v in inside if v not in saved and v not in leaving and v in residuals),
+            )
+        )
+    return tuple(segments)
+
+
+def _predicted_bytes(program: Program, segments: Sequence[Segment], gradient_bytes: int) -> int:
+    """A model of the compiled step: arguments and gradients, every value kept
+    for the backward pass, and the largest single segment's recomputation."""
+    fixed = sum(v.nbytes for v in program.inputs) + sum(v.nbytes for v, _ in program.consts) + gradient_bytes
+    kept = {v for s in segments for v in (*s.inputs, *s.saved) if v not in program.inputs}
+    recompute = max((sum(v.nbytes for v in s.recomputed) for s in segments), default=0)
+    return fixed + sum(v.nbytes for v in kept) + recompute
+
+
+def _segments(
+    program: Program, saved: set[Value], residuals: set[Value], target_bytes: float, gradient_bytes: int
+) -> tuple[Segment, ...]:
+    """Cuts the forward body into checkpoint segments.
+
+    A value crossing a cut becomes an input of the next segment, which JAX
+    keeps for that segment's backward pass; so cuts go first where every
+    crossing value is one DTR kept anyway (its persistent checkpoints).
+    A segment recomputes all of its values at once when the backward pass
+    reaches it (DTR would recompute them one by one, recursively), so long
+    segments are split further, at the cheapest crossings, with the largest
+    cap on a segment's recomputation whose predicted memory fits the target.
+    """
+    crossings = _crossings(program)
+    total = sum(v.nbytes for v in residuals)
+    candidates = []
+    cap = float(total) + 1
+    while cap >= 1:
+        cuts = _cut_positions(program, crossings, saved, residuals, cap)
+        segments = _build_segments(program, crossings, saved, residuals, cuts)
+        predicted = _predicted_bytes(program, segments, gradient_bytes)
+        candidates.append((predicted, segments))
+        if predicted <= target_bytes:
+            return segments
+        cap /= 2
+    return min(candidates, key=lambda c: c[0])[1]
+
+
+def _protected_checkpoint(fn: Callable, policy: SavePolicy) -> Callable:
+    """`jax.checkpoint(fn, policy)` whose backward recomputation XLA cannot merge away.
+
+    The backward pass runs inside `lax.cond` on a predicate XLA cannot decide
+    at compile time (the bits of a cotangent element, or-ed with 1, are never
+    zero): CSE works within one computation and cannot reach into a branch.
+    """
+    checkpointed = jax.checkpoint(fn, policy=policy, prevent_cse=True)
+
+    @jax.custom_vjp
+    def segment(*xs):
+        return checkpointed(*xs)
+
+    def forward(*xs):
+        return jax.vjp(checkpointed, *xs)
+
+    def backward(vjp_fn, cotangents):
+        leaf = jnp.ravel(jax.tree_util.tree_leaves(cotangents)[0])[0]
+        bits = lax.bitcast_convert_type(leaf.astype(jnp.float32), jnp.int32)
+        run = lambda f, g: f(g)  # noqa: E731
+        zeros = lambda f, g: jax.tree_util.tree_map(jnp.zeros_like, jax.eval_shape(f, g))  # noqa: E731
+        return lax.cond((bits | 1) != 0, run, zeros, vjp_fn, cotangents)
+
+    segment.defvjp(forward, backward)
+    return segment
+
+
+def run_segments(program: Program, segments: Sequence[Segment], leaves: Sequence[Any], implementation: str):
+    """Evaluates the forward program segment by segment, each in its own checkpoint."""
+    if implementation == "auto":
+        implementation = "protected" if jax.default_backend() == "cpu" else "checkpoint"
+    env = dict(zip(program.inputs, leaves))
+    for v, array in program.consts:
+        env[v] = array
+    for seg in segments:
+        items = program.body[seg.start : seg.stop]
+        float_inputs = [v for v in seg.inputs if _is_float(v)]
+        other_inputs = {v: env[v] for v in seg.inputs if not _is_float(v)}
+        saved = set(seg.saved)
+
+        def body(*xs, items=items, float_inputs=float_inputs, other_inputs=other_inputs, seg=seg, saved=saved):
+            local = {**env, **other_inputs, **dict(zip(float_inputs, xs))}
+            _run_items(items, local, saved)
+            return [local[v] for v in seg.outputs]
+
+        if implementation == "protected":
+            wrapped = _protected_checkpoint(body, seg.policy)
+        else:
+            wrapped = jax.checkpoint(body, policy=seg.policy, prevent_cse=True)
+        outs = wrapped(*[env[v] for v in float_inputs])
+        env.update(zip(seg.outputs, outs))
+    return [env[a] if isinstance(a, Value) else jnp.asarray(a.value) for a in program.outputs]
+
+
+# ---------------------------------------------------------------- planning
+
+
+def _compiled_bytes(fn: Callable, specs: Sequence) -> int:
+    """XLA's argument + output + temporary bytes for `fn` on these shapes."""
+    structs = [s for s in specs if not isinstance(s, _Static)]
+    analysis = jax.jit(fn).lower(*structs).compile().memory_analysis()
+    if analysis is None:  # some backends do not report
+        return 0
+    return int(analysis.argument_size_in_bytes + analysis.output_size_in_bytes + analysis.temp_size_in_bytes - analysis.alias_size_in_bytes)
+
+
+def _plan_for(config: _Config, forward: Program, vg: Program, sim_budget: int, target: float, heuristic) -> Plan:
+    counters, rematerialized = simulate_program(vg, sim_budget, heuristic)
+    names = {int(k[len(NAME_PREFIX) :]): v for k, v in vg.names.items() if k.startswith(NAME_PREFIX)}
+    forward_values = {v.id: v for item in forward.body for v in item.outputs}
+    # Where the forward pass ends in the value-and-grad program: the last named value.
+    position = {}
+    for i, item in enumerate(vg.body):
+        for v in item.outputs:
+            position[v] = i
+        for v in item.args:
+            position.setdefault(("use", v), i)
+    forward_end = max((position.get(v, -1) for v in names.values()), default=-1)
+    last_use = {}
+    for i, item in enumerate(vg.body):
+        for v in item.args:
+            last_use[v] = i
+    saved, residuals = set(), set()
+    for value_id, vg_value in names.items():
+        fwd_value = forward_values.get(value_id)
+        if fwd_value is None or last_use.get(vg_value, -1) <= forward_end:
+            continue  # not read by the backward pass
+        residuals.add(fwd_value)
+        if vg_value not in rematerialized:
+            saved.add(fwd_value)
+    gradient_bytes = sum(v.nbytes for v, d in zip(forward.inputs, _traced_flags(config)) if d)
+    segments = _segments(forward, saved, residuals, target, gradient_bytes)
+    saved_all = frozenset(saved | {v for s in segments for v in s.inputs})
+    simulated = SimulatedRun(
+        budget_bytes=sim_budget,
+        peak_bytes=counters.peak_bytes,
+        unconstrained_peak_bytes=vg.unconstrained_peak(),
+        evictions=counters.evictions,
+        rematerializations=counters.rematerializations,
+        overhead=counters.overhead,
+    )
+    predicted = _predicted_bytes(forward, segments, gradient_bytes)
+    return Plan(0, segments, saved_all, simulated, forward, config, predicted_bytes=predicted)
+
+
+def _value_and_grad_program(config: _Config, forward: Program) -> Program:
+    named = _named_forward(forward)
+    n_outputs = len(forward.outputs)
+
+    def scalar(*leaves):
+        outs = named(*leaves)
+        return (outs[0], outs[1:]) if config.has_aux else outs[0]
+
+    traced = [s for s in config.specs if not isinstance(s, _Static)]
+    positions = _traced_argnums(config)
+    closed = jax.make_jaxpr(jax.value_and_grad(scalar, positions, has_aux=config.has_aux))(*traced)
+    del n_outputs
+    return normalize(closed)
+
+
+def _traced_flags(config: _Config) -> list[bool]:
+    """Per traced leaf: whether it belongs to a differentiated argument."""
+    return [d for d, s in zip(config.differentiated, config.specs) if not isinstance(s, _Static)]
+
+
+def _traced_argnums(config: _Config) -> tuple[int, ...]:
+    """Positions, among the traced leaves, of the leaves of the differentiated arguments."""
+    return tuple(i for i, d in enumerate(_traced_flags(config)) if d)
+
+
+def make_plan(
+    fun: Callable,
+    args: tuple,
+    kwargs: dict,
+    budget: BudgetLike,
+    argnums: Union[int, Sequence[int]] = 0,
+    has_aux: bool = False,
+    heuristic: Union[str, Heuristic] = "dtr_eq",
+    implementation: str = "auto",
+    max_attempts: int = 6,
+) -> Plan:
+    """Simulates DTR at `budget` and exports its decisions as checkpoint segments."""
+    if implementation not in IMPLEMENTATIONS:
+        raise ValueError(f"implementation must be one of {IMPLEMENTATIONS}; got {implementation!r}")
+    budget_spec = parse_budget(budget)
+    get_heuristic(heuristic)
+    treedef, specs, flags = _flatten(fun, argnums, args, kwargs)
+    forward, out_tree = _forward_program(fun, treedef, specs)
+    config = _Config(fun, argnums, has_aux, treedef, specs, out_tree, implementation, flags)
+    vg = _value_and_grad_program(config, forward)
+
+    def plain(*traced):
+        leaves = [s.value if isinstance(s, _Static) else None for s in specs]
+        it = iter(traced)
+        leaves = [next(it) if x is None and not isinstance(s, _Static) else x for x, s in zip(leaves, specs)]
+        a, kw = jax.tree_util.tree_unflatten(treedef, leaves)
+        return jax.grad(fun, argnums, has_aux)(*a, **kw)
+
+    unconstrained = _compiled_bytes(plain, specs)
+    target = budget_spec.resolve(unconstrained)
+    sim_peak = vg.unconstrained_peak()
+    best = None
+    effective_target = float(target)
+    for _ in range(max_attempts):
+        plan = _search_simulated_budget(config, forward, vg, sim_peak, effective_target, heuristic)
+        if plan is None:
+            break
+        measured = _compiled_bytes(lambda *t, plan=plan: _grad_of(plan, config, t), specs)
+        plan = dataclasses.replace(plan, budget_bytes=target, compiled_bytes=measured, unconstrained_compiled_bytes=unconstrained)
+        if best is None or measured < best.compiled_bytes:
+            best = plan
+        if measured <= target:
+            return plan
+        # XLA needed more than the plan's memory model predicted: plan for
+        # proportionally less.
+        effective_target *= target / measured * 0.97
+    if best is None:
+        raise OutOfBudgetError(
+            needed_bytes=unconstrained,
+            free_bytes=target,
+            pinned_bytes=sum(getattr(s, "nbytes", 0) for s in specs if not isinstance(s, _Static)),
+            locked_bytes=0,
+            budget_bytes=target,
+            op_name="the compiled step",
+            source=None,
+        )
+    return best
+
+
+def _search_simulated_budget(config, forward, vg, sim_peak, target, heuristic, steps: int = 10) -> Optional[Plan]:
+    """The plan for the largest simulated budget whose predicted compiled
+    memory fits `target` (bisection: less budget, fewer values kept).
+
+    The simulation and XLA count differently (XLA fuses, so it keeps fewer
+    and smaller residuals), so the simulated budget is searched for rather
+    than scaled: what must fit is the plan's prediction in XLA's terms.
+    """
+    lo, hi = 0.0, float(sim_peak)
+    fitting, smallest = None, None
+    for _ in range(steps):
+        mid = (lo + hi) / 2
+        try:
+            plan = _plan_for(config, forward, vg, max(int(mid), 1), target, heuristic)
+        except (OutOfBudgetError, ThrashError):  # infeasible at this budget: go higher
+            lo = mid
+            continue
+        if smallest is None or plan.predicted_bytes < smallest.predicted_bytes:
+            smallest = plan
+        if plan.predicted_bytes <= target:
+            fitting, lo = plan, mid
+        else:
+            hi = mid
+    return fitting or smallest
+
+
+def _grad_of(plan: Plan, config: _Config, traced):
+    positions = _traced_argnums(config)
+
+    def f(*leaves):
+        outs = run_segments(plan.program, plan.segments, leaves, config.implementation)
+        return (outs[0], outs[1:]) if config.has_aux else outs[0]
+
+    return jax.grad(f, positions, has_aux=config.has_aux)(*traced)
+
+
+# -------------------------------------------------------------------- API
+
+
+def plan(
+    fun: Callable,
+    *args,
+    budget: BudgetLike,
+    argnums: Union[int, Sequence[int]] = 0,
+    has_aux: bool = False,
+    heuristic: Union[str, Heuristic] = "dtr_eq",
+    implementation: str = "auto",
+    **kwargs,
+) -> Plan:
+    """A checkpoint plan for `fun`'s gradient at `budget`.
+
+    Args:
+      fun: the scalar function to differentiate.
+      *args, **kwargs: example arguments (arrays or `jax.ShapeDtypeStruct`s).
+      budget: bytes, a size string, or a fraction of the compiled step's
+        memory without remat (XLA's arguments + outputs + temporaries).
+      argnums, has_aux: as in `jax.grad`.
+      heuristic: the DTR heuristic simulated.
+      implementation: "checkpoint" (plain `jax.checkpoint` segments),
+        "protected" (segments XLA's CSE cannot undo) or "auto" (protected
+        on the CPU, where XLA strips checkpoint barriers).
+
+    Returns:
+      A `Plan`: `plan.grad`, `plan.value_and_grad`, `plan.policy`,
+      `plan.segments`, `plan.report()`.
+
+    Example:
+      >>> plan = jdtr.plan(loss, params, batch, budget=0.4)
+      >>> grads = jax.jit(plan.grad)(params, batch)
+    """
+    return make_plan(fun, args, kwargs, budget, argnums, has_aux, heuristic, implementation)
+
+
+class _RematGrad:
+    def __init__(self, fun, argnums, has_aux, budget, heuristic, implementation, value):
+        parse_budget(budget)
+        get_heuristic(heuristic)
+        _argnums_tuple(argnums)
+        if implementation not in IMPLEMENTATIONS:
+            raise ValueError(f"implementation must be one of {IMPLEMENTATIONS}; got {implementation!r}")
+        self.fun, self.argnums, self.has_aux = fun, argnums, has_aux
+        self.budget, self.heuristic, self.implementation, self.value = budget, heuristic, implementation, value
+        self.plans: dict[Hashable, Plan] = {}
+        functools.update_wrapper(self, fun)
+
+    def plan_for(self, *args, **kwargs) -> Plan:
+        treedef, specs, _ = _flatten(self.fun, self.argnums, args, kwargs)
+        key = (treedef, specs)
+        found = self.plans.get(key)
+        if found is None:
+            structs = jax.tree_util.tree_unflatten(
+                treedef, [s.value if isinstance(s, _Static) else s for s in specs]
+            )
+            found = make_plan(self.fun, structs[0], structs[1], self.budget, self.argnums, self.has_aux, self.heuristic, self.implementation)
+            self.plans[key] = found
+        return found
+
+    def __call__(self, *args, **kwargs):
+        plan = self.plan_for(*args, **kwargs)
+        return plan.value_and_grad(*args, **kwargs) if self.value else plan.grad(*args, **kwargs)
+
+
+def remat_grad(
+    fun: Callable,
+    argnums: Union[int, Sequence[int]] = 0,
+    has_aux: bool = False,
+    *,
+    budget: BudgetLike,
+    heuristic: Union[str, Heuristic] = "dtr_eq",
+    implementation: str = "auto",
+) -> Callable:
+    """Like `jax.grad`, with DTR's decisions compiled in as checkpoint segments.
+
+    Jittable and vmappable: the plan depends only on shapes, is made on the
+    first call for each argument structure, and is cached. `budget` is
+    bytes, a size string, or a fraction of the memory XLA needs for
+    `jax.grad(fun)` (arguments + outputs + temporaries).
+
+    Example:
+      >>> step_grad = jax.jit(jdtr.remat_grad(loss, budget="2GiB"))
+    """
+    return _RematGrad(fun, argnums, has_aux, budget, heuristic, implementation, value=False)
+
+
+def remat_value_and_grad(
+    fun: Callable,
+    argnums: Union[int, Sequence[int]] = 0,
+    has_aux: bool = False,
+    *,
+    budget: BudgetLike,
+    heuristic: Union[str, Heuristic] = "dtr_eq",
+    implementation: str = "auto",
+) -> Callable:
+    """`jax.value_and_grad` with DTR's decisions compiled in; see `remat_grad`."""
+    return _RematGrad(fun, argnums, has_aux, budget, heuristic, implementation, value=True)
