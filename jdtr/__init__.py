@@ -2,7 +2,8 @@
 
 Train models that do not fit in device memory: `jdtr.grad` computes JAX's
 gradients eagerly under a hard byte budget, evicting device buffers and
-recomputing them on demand (Kirisame et al., ICLR 2021).
+recomputing them on demand (Kirisame et al., ICLR 2021). `jdtr.simulate`
+runs the same runtime on operator logs (`jdtr.Trace`), as the paper's simulator.
 """
 
 from .budget import Budget as Budget
@@ -10,10 +11,19 @@ from .budget import parse_budget as parse_budget
 from .runtime import HEURISTICS as HEURISTICS
 from .runtime import Heuristic as Heuristic
 from .runtime import OutOfBudgetError as OutOfBudgetError
+from .simulator import SimResult as SimResult
+from .simulator import simulate as simulate
 from .stats import Stats as Stats
+from .trace import LogFormatError as LogFormatError
+from .trace import Trace as Trace
 from .transform import OpInfo as OpInfo
+from .transform import Plan as Plan
 from .transform import RooflineCostModel as RooflineCostModel
+from .transform import SavePolicy as SavePolicy
 from .transform import grad as grad
+from .transform import plan as plan
+from .transform import remat_grad as remat_grad
+from .transform import remat_value_and_grad as remat_value_and_grad
 from .transform import value_and_grad as value_and_grad
 
 __version__ = "0.1.0"
@@ -22,11 +32,20 @@ __all__ = [
     "Budget",
     "HEURISTICS",
     "Heuristic",
+    "LogFormatError",
     "OpInfo",
     "OutOfBudgetError",
+    "Plan",
     "RooflineCostModel",
+    "SavePolicy",
+    "SimResult",
     "Stats",
+    "Trace",
     "grad",
     "parse_budget",
+    "plan",
+    "remat_grad",
+    "remat_value_and_grad",
+    "simulate",
     "value_and_grad",
 ]

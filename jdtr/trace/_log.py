@@ -14,7 +14,7 @@ import re
 from typing import Any, Iterable, Iterator, Optional
 
 from ._errors import LogFormatError
-from ._records import LOG_FIELDS, names_of, Annotate, Call, Constant, Copy, CopyFrom, Mutate, Record, Release
+from ._records import LOG_FIELDS, Annotate, Call, Constant, Copy, CopyFrom, Mutate, Record, Release, names_of
 
 _INTEGER = re.compile(r"-?[0-9]+")
 
@@ -43,6 +43,22 @@ def _integer(value: Any, field: str) -> int:
     return int(value)
 
 
+def _count(value: Any, field: str) -> int:
+    """A non-negative number written as a string: bytes or nanoseconds."""
+    number = _integer(value, field)
+    if number < 0:
+        raise LogFormatError(f"{field} must not be negative, got {value!r}")
+    return number
+
+
+def _at(line: _Line, value: Any, field: str, source: Optional[str]) -> int:
+    """`_count` of a field of another line than the one being parsed, reported at that line."""
+    try:
+        return _count(value, field)
+    except LogFormatError as err:
+        raise _error(err.problem, line.number, source) from None
+
+
 def _read_line(text: str, number: int, source: Optional[str]) -> _Line:
     try:
         fields = json.loads(text)
@@ -55,7 +71,7 @@ def _read_line(text: str, number: int, source: Optional[str]) -> _Line:
     instruction = fields.get("INSTRUCTION")
     if instruction is None:
         raise _error("the object has no INSTRUCTION field", number, source)
-    if instruction not in LOG_FIELDS:
+    if not isinstance(instruction, str) or instruction not in LOG_FIELDS:
         known = ", ".join(sorted(LOG_FIELDS))
         raise _error(f"unknown instruction {instruction!r}; expected one of {known}", number, source)
     expected = LOG_FIELDS[instruction]
@@ -113,7 +129,7 @@ def parse_lines(lines: Iterable["str | bytes"], source: Optional[str] = None) ->
             if line.instruction == "CONSTANT":
                 memory = _expect(parsed, position, "MEMORY", fields["NAME"], line, source)
                 position += 1
-                record: Record = Constant(fields["NAME"], _integer(memory.fields["MEMORY"], "MEMORY"))
+                record: Record = Constant(fields["NAME"], _at(memory, memory.fields["MEMORY"], "MEMORY", source))
             elif line.instruction == "CALL":
                 result = names_of(fields["RESULT"], "RESULT")
                 sizes, aliases = [], []
@@ -121,19 +137,14 @@ def parse_lines(lines: Iterable["str | bytes"], source: Optional[str] = None) ->
                     memory = _expect(parsed, position, "MEMORY", name, line, source)
                     alias = _expect(parsed, position + 1, "ALIAS", name, line, source)
                     position += 2
-                    try:
-                        sizes.append(_integer(memory.fields["MEMORY"], "MEMORY"))
-                    except LogFormatError as err:
-                        raise _error(err.problem, memory.number, source) from None
+                    sizes.append(_at(memory, memory.fields["MEMORY"], "MEMORY", source))
                     try:
                         aliases.append(_integer(alias.fields["ALIAS"], "ALIAS"))
                     except LogFormatError as err:
                         raise _error(err.problem, alias.number, source) from None
-                record = Call(
-                    fields["NAME"], fields["ARGS"], result, _integer(fields["TIME"], "TIME"), sizes, aliases
-                )
+                record = Call(fields["NAME"], fields["ARGS"], result, _count(fields["TIME"], "TIME"), sizes, aliases)
             elif line.instruction == "MUTATE":
-                record = Mutate(fields["NAME"], fields["ARGS"], fields["MUTATE"], _integer(fields["TIME"], "TIME"))
+                record = Mutate(fields["NAME"], fields["ARGS"], fields["MUTATE"], _count(fields["TIME"], "TIME"))
             elif line.instruction == "COPY":
                 record = Copy(fields["DST"], fields["SRC"])
             elif line.instruction == "COPY_FROM":

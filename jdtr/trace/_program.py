@@ -1,7 +1,7 @@
 """What a trace means: a program of pure operator calls and reference changes.
 
 This is the log replaying of App. C.6, step by step as the paper authors'
-simulator reads a log (`simrd/parse/parse.py`; /work/notes/simrd_spec.md §1):
+simulator, simrd, reads a log:
 
 * Replay starts after the first `ANNOTATE START` (from the top if there is none).
 * Names map to *values* (tensors); `COPY` gives a value a second name, and each
@@ -202,10 +202,12 @@ class _Lowering:
         old = self.use(record.dst, "COPY_FROM destination")
         value = self.use(record.src, "COPY_FROM source")
         self.names[record.dst] = value
-        # Released before it is retained, as the reference simulator does.
-        self.drop(old)
+        # Retained before the old value is released. The reference simulator
+        # releases first, which is the same unless both names hold the same
+        # value (`x = x`), where releasing first would free a live value.
         self.refs[value] += 1
         self.steps.append(RetainStep(value))
+        self.drop(old)
 
     def release(self, record: Release) -> None:
         value = self.names.get(record.name)

@@ -1,0 +1,26 @@
+"""The DTR simulator: operator logs replayed on jdtr's runtime under a memory budget.
+
+There is one DTR algorithm, `jdtr.runtime.Runtime`; the simulator runs it with
+a backend that holds no buffers, on a `jdtr.Trace`, measured as the paper
+authors' simulator (simrd, App. C) measures.
+"""
+
+from ._plot import plot_sweep as plot_sweep
+from ._simulate import Baseline as Baseline
+from ._simulate import SimResult as SimResult
+from ._simulate import run_baseline as run_baseline
+from ._simulate import simulate as simulate
+from ._sweep import PAPER_RATIOS as PAPER_RATIOS
+from ._sweep import format_table as format_table
+from ._sweep import sweep as sweep
+
+__all__ = [
+    "Baseline",
+    "PAPER_RATIOS",
+    "SimResult",
+    "format_table",
+    "plot_sweep",
+    "run_baseline",
+    "simulate",
+    "sweep",
+]

@@ -1,0 +1,59 @@
+"""Figure 2 as a picture: slowdown against budget ratio, one line per heuristic.
+
+matplotlib is imported only here, and only when a plot is asked for.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Optional, Sequence
+
+from ._simulate import SimResult
+
+
+def plot_sweep(
+    ratios: Sequence[float],
+    results: Sequence[SimResult],
+    path: "str | os.PathLike[str]",
+    title: Optional[str] = None,
+) -> None:
+    """Writes a PNG of a sweep: slowdown per budget ratio per heuristic.
+
+    As in the paper's Figure 2, vertical lines mark the memory pinned by
+    constants (weights and inputs) and the largest single operator, both as
+    fractions of the unconstrained peak; no budget below them can work.
+    Failed runs (OOM, thrash) are left out of their heuristic's line.
+
+    Args:
+      ratios: the ratios of the sweep.
+      results: what `jdtr.simulator.sweep` returned for them.
+      path: where to write the PNG.
+      title: the plot's title.
+    """
+    import matplotlib
+
+    matplotlib.use("Agg")  # files only, no display needed
+    import matplotlib.pyplot as plt
+
+    if not results:
+        raise ValueError("nothing to plot: no results")
+    figure, axes = plt.subplots(figsize=(6.4, 4.0))
+    for start in range(0, len(results), len(ratios)):
+        row = results[start : start + len(ratios)]
+        points = [(ratio, r.overhead) for ratio, r in zip(ratios, row) if r.ok]
+        axes.plot([x for x, _ in points], [y for _, y in points], marker="o", label=row[0].heuristic)
+    first = results[0]
+    peak = first.unconstrained_peak_bytes
+    if peak > 0:
+        axes.axvline(first.constant_bytes / peak, color="black", linestyle="-", label="constants (pinned)")
+        axes.axvline(first.largest_op_bytes / peak, color="gray", linestyle="--", label="largest single op")
+    axes.set_xlabel("budget / unconstrained peak memory")
+    axes.set_ylabel("slowdown (total compute / baseline)")
+    axes.set_xlim(0.0, max(max(ratios), 1.0) + 0.02)
+    axes.grid(alpha=0.3)
+    axes.legend(fontsize="small")
+    if title:
+        axes.set_title(title)
+    figure.tight_layout()
+    figure.savefig(os.fspath(path), dpi=120)
+    plt.close(figure)

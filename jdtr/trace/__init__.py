@@ -1,0 +1,41 @@
+"""Operator logs of one training step, in the DTR prototype's format (paper App. C.6).
+
+`Trace.from_log(path)` reads a log, `trace.to_log(path)` writes it back, and
+`trace.program` is what it means: pure operator calls on numbered values,
+with `MUTATE` made copy-on-write. `jdtr.simulate` replays a trace under a
+memory budget.
+"""
+
+from ._errors import LogFormatError as LogFormatError
+from ._program import ComputeStep as ComputeStep
+from ._program import Program as Program
+from ._program import ReleaseStep as ReleaseStep
+from ._program import RetainStep as RetainStep
+from ._program import Step as Step
+from ._records import Annotate as Annotate
+from ._records import Call as Call
+from ._records import Constant as Constant
+from ._records import Copy as Copy
+from ._records import CopyFrom as CopyFrom
+from ._records import Mutate as Mutate
+from ._records import Record as Record
+from ._records import Release as Release
+from ._trace import Trace as Trace
+
+__all__ = [
+    "Annotate",
+    "Call",
+    "ComputeStep",
+    "Constant",
+    "Copy",
+    "CopyFrom",
+    "LogFormatError",
+    "Mutate",
+    "Program",
+    "Record",
+    "Release",
+    "ReleaseStep",
+    "RetainStep",
+    "Step",
+    "Trace",
+]
