@@ -5,12 +5,12 @@ from .costs import RooflineCostModel as RooflineCostModel
 from .grad import grad as grad
 from .grad import value_and_grad as value_and_grad
 from .normalize import normalize as normalize
-from .plan import Plan as Plan
-from .plan import SavePolicy as SavePolicy
-from .plan import Segment as Segment
-from .plan import plan as plan
-from .plan import remat_grad as remat_grad
-from .plan import remat_value_and_grad as remat_value_and_grad
+from .checkpoint_plan import Plan as Plan
+from .checkpoint_plan import SavePolicy as SavePolicy
+from .checkpoint_plan import Segment as Segment
+from .checkpoint_plan import plan as plan
+from .checkpoint_plan import remat_grad as remat_grad
+from .checkpoint_plan import remat_value_and_grad as remat_value_and_grad
 from .program import Program as Program
 
 __all__ = [

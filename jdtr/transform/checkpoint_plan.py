@@ -244,6 +244,8 @@ def _flatten(fun, argnums, args, kwargs):
         flags.append(differentiated)
         if isinstance(leaf, jax.core.Tracer):  # inside jit / vmap: only the shape matters
             specs.append(jax.ShapeDtypeStruct(leaf.shape, leaf.dtype, weak_type=getattr(leaf.aval, "weak_type", False)))
+        elif isinstance(leaf, jax.ShapeDtypeStruct):
+            specs.append(jax.ShapeDtypeStruct(leaf.shape, leaf.dtype, weak_type=leaf.weak_type))
         else:
             specs.append(_leaf_spec(leaf, differentiated, f"argument {_describe(path)}"))
     return treedef, tuple(specs), tuple(flags)
@@ -644,10 +646,15 @@ def make_plan(
     sim_peak = vg.unconstrained_peak()
     best = None
     effective_target = float(target)
+    tried: set = set()
     for _ in range(max_attempts):
         plan = _search_simulated_budget(config, forward, vg, sim_peak, effective_target, heuristic)
         if plan is None:
             break
+        layout = tuple((seg.start, seg.stop, tuple(v.id for v in seg.saved)) for seg in plan.segments)
+        if layout in tried:
+            break  # asking for less no longer changes the plan: nothing better to find
+        tried.add(layout)
         measured = _compiled_bytes(lambda *t, plan=plan: _grad_of(plan, config, t), specs)
         plan = dataclasses.replace(plan, budget_bytes=target, compiled_bytes=measured, unconstrained_compiled_bytes=unconstrained)
         if best is None or measured < best.compiled_bytes:
