@@ -8,7 +8,7 @@ use small ones and benchmarks large ones.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, Callable, Optional, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -23,16 +23,40 @@ class Model:
     batch: Any
 
 
-def mlp_chain(layers: int = 64, width: int = 256, batch: int = 2048, seed: int = 0) -> Model:
-    """A deep tanh MLP: the linear chain of Theorem 3.1 in practice."""
+Segment = Callable[[Callable], Callable]
+
+
+def _apply_layers(layer: Callable, params: Sequence, x, segment: Optional[Segment], every: int):
+    """Applies `layer` for each parameter set; with `segment` (e.g. a
+    `jax.checkpoint`), each group of `every` layers is wrapped in it."""
+    if segment is None:
+        for p in params:
+            x = layer(p, x)
+        return x
+
+    def group(ps, x):
+        for p in ps:
+            x = layer(p, x)
+        return x
+
+    for i in range(0, len(params), every):
+        x = segment(group)(params[i : i + every], x)
+    return x
+
+
+def mlp_chain(
+    layers: int = 64, width: int = 256, batch: int = 2048, seed: int = 0, segment: Optional[Segment] = None, every: int = 1
+) -> Model:
+    """A deep tanh MLP: the linear chain of Theorem 3.1 in practice.
+
+    `segment` wraps each group of `every` layers (for comparisons with
+    `jax.checkpoint`); by default the layers are plain."""
     keys = jax.random.split(jax.random.PRNGKey(seed), layers + 1)
     params = [jax.random.normal(k, (width, width), jnp.float32) / jnp.sqrt(width) for k in keys[:-1]]
     x = jax.random.normal(keys[-1], (batch, width), jnp.float32)
 
     def loss(params, x):
-        h = x
-        for w in params:
-            h = jnp.tanh(h @ w)
+        h = _apply_layers(lambda w, h: jnp.tanh(h @ w), params, x, segment, every)
         return jnp.mean(h**2)
 
     return Model(f"mlp{layers}x{width}_b{batch}", loss, params, x)
@@ -91,9 +115,19 @@ def _layer_norm(x, scale, bias, eps=1e-5):
 
 
 def transformer(
-    blocks: int = 4, dim: int = 64, heads: int = 4, seq: int = 32, batch: int = 4, vocab: int = 128, seed: int = 0
+    blocks: int = 4,
+    dim: int = 64,
+    heads: int = 4,
+    seq: int = 32,
+    batch: int = 4,
+    vocab: int = 128,
+    seed: int = 0,
+    segment: Optional[Segment] = None,
+    every: int = 1,
 ) -> Model:
-    """A pre-norm decoder: causal self-attention, layer norm, GELU MLP."""
+    """A pre-norm decoder: causal self-attention, layer norm, GELU MLP.
+
+    `segment` wraps each group of `every` blocks (see `mlp_chain`)."""
     keys = iter(jax.random.split(jax.random.PRNGKey(seed), 6 * blocks + 4))
 
     def dense(i, o):
@@ -127,12 +161,14 @@ def transformer(
         out = jax.nn.softmax(scores, axis=-1) @ v
         return out.transpose(0, 2, 1, 3).reshape(b, t, d) @ p["proj"]
 
+    def block(p, x):
+        x = x + attention(_layer_norm(x, *p["ln1"]), p)
+        return x + jax.nn.gelu(_layer_norm(x, *p["ln2"]) @ p["up"]) @ p["down"]
+
     def loss(params, tokens):
         inputs, targets = tokens[:, :-1], tokens[:, 1:]
         x = params["embed"][inputs]
-        for p in params["blocks"]:
-            x = x + attention(_layer_norm(x, *p["ln1"]), p)
-            x = x + jax.nn.gelu(_layer_norm(x, *p["ln2"]) @ p["up"]) @ p["down"]
+        x = _apply_layers(block, params["blocks"], x, segment, every)
         logits = _layer_norm(x, *params["ln_f"]) @ params["embed"].T
         logp = jax.nn.log_softmax(logits)
         return -jnp.mean(jnp.take_along_axis(logp, targets[..., None], axis=-1))

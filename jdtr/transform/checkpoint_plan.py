@@ -106,18 +106,6 @@ class Segment:
         return SavePolicy(frozenset(NAME_PREFIX + str(v.id) for v in self.saved))
 
 
-@dataclass(frozen=True)
-class SimulatedRun:
-    """The DTR simulation a plan was read from."""
-
-    budget_bytes: int
-    peak_bytes: int
-    unconstrained_peak_bytes: int
-    evictions: int
-    rematerializations: int
-    overhead: float
-
-
 @dataclass(frozen=True, eq=False)
 class Plan:
     """Where a value-and-grad saves and where it recomputes, as checkpoint segments.
@@ -126,7 +114,7 @@ class Plan:
       budget_bytes: the budget the plan was made for (bytes of the whole step).
       segments: the `jax.checkpoint` segments, in forward order.
       saved: every forward value kept for the backward pass (segment inputs included).
-      simulated: the DTR simulation the plan was read from.
+      simulated: the DTR simulation the plan was read from (a `jdtr.SimResult`).
       compiled_bytes: XLA's argument + output + temporary bytes of the planned step
         (None if not compiled yet).
       unconstrained_compiled_bytes: the same for `jax.grad` without remat.
@@ -136,7 +124,7 @@ class Plan:
     budget_bytes: int
     segments: tuple[Segment, ...]
     saved: frozenset[Value]
-    simulated: SimulatedRun
+    simulated: Any  # a jdtr.SimResult
     program: Program = dataclasses.field(repr=False)
     _config: Any = dataclasses.field(repr=False)
     compiled_bytes: Optional[int] = None
@@ -335,7 +323,7 @@ def _largest_branch(cond: Cond) -> int:
 
 def simulate_program(
     program: Program, budget_bytes: int, heuristic, remat_limit_factor: float = 1.0
-) -> tuple[Counters, set[Value]]:
+) -> tuple[Counters, set[Value], Runtime]:
     """DTR on `program` with no buffers; a `cond` takes its most memory-hungry branch."""
     counters, remat = Counters(), _Rematerialized()
     # A plan that recomputes more than the whole step again is not worth reading.
@@ -349,7 +337,7 @@ def simulate_program(
     )
     args = [None] * len(program.inputs)
     Interpreter(runtime, choose_branch=_largest_branch).run(program, args, [True] * len(args))
-    return counters, remat.values
+    return counters, remat.values, runtime
 
 
 # -------------------------------------------------------------- segmentation
@@ -550,7 +538,7 @@ def _compiled_bytes(fn: Callable, specs: Sequence) -> int:
 
 
 def _plan_for(config: _Config, forward: Program, vg: Program, sim_budget: int, target: float, heuristic) -> Plan:
-    counters, rematerialized = simulate_program(vg, sim_budget, heuristic)
+    counters, rematerialized, runtime = simulate_program(vg, sim_budget, heuristic)
     names = {int(k[len(NAME_PREFIX) :]): v for k, v in vg.names.items() if k.startswith(NAME_PREFIX)}
     forward_values = {v.id: v for item in forward.body for v in item.outputs}
     # Where the forward pass ends in the value-and-grad program: the last named value.
@@ -576,13 +564,28 @@ def _plan_for(config: _Config, forward: Program, vg: Program, sim_budget: int, t
     gradient_bytes = sum(v.nbytes for v, d in zip(forward.inputs, _traced_flags(config)) if d)
     segments = _segments(forward, saved, residuals, target, gradient_bytes)
     saved_all = frozenset(saved | {v for s in segments for v in s.inputs})
-    simulated = SimulatedRun(
+    from ..simulator import SimResult  # lazy: the simulator package imports the trace tools
+
+    largest = max(
+        (sum(v.nbytes for v in (*item.args, *item.outputs)) for item in vg.body if isinstance(item, Equation)), default=0
+    )
+    simulated = SimResult(
+        status="ok",
+        overhead=counters.overhead,
         budget_bytes=sim_budget,
         peak_bytes=counters.peak_bytes,
         unconstrained_peak_bytes=vg.unconstrained_peak(),
+        baseline_cost=counters.base_cost,
+        remat_cost=counters.remat_cost,
         evictions=counters.evictions,
+        dealloc_evictions=counters.dealloc_evictions,
         rematerializations=counters.rematerializations,
-        overhead=counters.overhead,
+        heuristic_evaluations=runtime.heuristic.evaluations,
+        metadata_accesses=runtime.heuristic.metadata_accesses,
+        constant_bytes=counters.pinned_bytes,
+        largest_op_bytes=largest,
+        heuristic=runtime.heuristic.name,
+        dealloc=runtime.dealloc,
     )
     predicted = _predicted_bytes(forward, segments, gradient_bytes)
     return Plan(0, segments, saved_all, simulated, forward, config, predicted_bytes=predicted)
