@@ -1,0 +1,127 @@
+"""Flax NNX front end: `jdtr.nnx.grad` / `value_and_grad` mirror `flax.nnx`'s.
+
+Modules among the arguments are split into the state differentiated
+(`wrt`, `nnx.Param` by default) and the rest; the function runs on the
+merged modules inside `jdtr.value_and_grad`, under the budget; state the
+function mutates (BatchNorm statistics, RNG counters) is written back to the
+caller's modules afterwards, as `flax.nnx` does. Gradients come back as an
+`nnx.State` that `nnx.Optimizer(...).update` accepts.
+
+    grad_fn = jdtr.nnx.value_and_grad(loss_fn, budget=0.4)
+    loss, grads = grad_fn(model, batch)
+    optimizer.update(model, grads)
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any, Callable, Sequence, Union
+
+from flax import nnx
+
+from .budget import BudgetLike
+from .transform.grad import _argnums_tuple
+from .transform.grad import value_and_grad as _value_and_grad
+
+
+def _is_module(x: Any) -> bool:
+    return nnx.is_graph_node(x) if hasattr(nnx, "is_graph_node") else isinstance(x, nnx.Module)
+
+
+def _make(f, argnums, has_aux, wrt, return_value, options):
+    argnum_tuple = _argnums_tuple(argnums)
+
+    @functools.wraps(f)
+    def wrapper(*args, **kwargs):
+        n = len(args)
+        diff = {i % n for i in argnum_tuple if -n <= i < n}
+        if len(diff) != len(argnum_tuple):
+            raise TypeError(f"argnums={argnums} is out of range for {n} positional arguments")
+        modules, graphdefs, trainable, frozen = {}, {}, [], []
+        for i, a in enumerate(args):
+            if _is_module(a):
+                graphdef, params, rest = nnx.split(a, wrt if i in diff else nnx.Nothing, ...)
+                modules[i], graphdefs[i] = a, graphdef
+                trainable.append(params)
+                frozen.append(rest)
+            else:
+                trainable.append(a)
+                frozen.append(None)
+
+        def pure(trainable, frozen):
+            rebuilt = []
+            for i in range(n):
+                if i in modules:
+                    # copy: fresh Variables at this trace level, so the call may mutate them
+                    rebuilt.append(nnx.merge(graphdefs[i], trainable[i], frozen[i], copy=True))
+                else:
+                    rebuilt.append(trainable[i])
+            out = f(*rebuilt, **kwargs)
+            value, aux = out if has_aux else (out, None)
+            # What the call mutated (batch statistics, RNG counts) goes back out.
+            updates = {i: nnx.state(rebuilt[i], nnx.Not(wrt) if i in diff else ...) for i in modules}
+            return value, (aux, updates)
+
+        # Differentiate only the positions in argnums: the others ride along frozen.
+        trainable_diff = [trainable[i] if i in diff else None for i in range(n)]
+        trainable_rest = [None if i in diff else trainable[i] for i in range(n)]
+
+        def split_pure(trainable_diff, trainable_rest, frozen):
+            merged = [d if i in diff else r for i, (d, r) in enumerate(zip(trainable_diff, trainable_rest))]
+            return pure(merged, frozen)
+
+        out = _value_and_grad(split_pure, argnums=0, has_aux=True, **options)(trainable_diff, trainable_rest, frozen)
+        stats = None
+        if options.get("return_stats"):
+            out, stats = out
+        (value, (aux, updates)), grads_list = out
+        for i, module in modules.items():
+            nnx.update(module, updates[i])
+        grads = tuple(grads_list[i] for i in argnum_tuple)
+        grads = grads[0] if isinstance(argnums, int) else grads
+        if return_value:
+            result = ((value, aux) if has_aux else value), grads
+        else:
+            result = (grads, aux) if has_aux else grads
+        return (result, stats) if stats is not None else result
+
+    return wrapper
+
+
+def value_and_grad(
+    f: Callable,
+    *,
+    budget: BudgetLike,
+    argnums: Union[int, Sequence[int]] = 0,
+    has_aux: bool = False,
+    wrt: Any = nnx.Param,
+    **options,
+) -> Callable:
+    """`flax.nnx.value_and_grad` under a device-memory budget.
+
+    Args:
+      f: a scalar loss over modules and arrays.
+      budget: as in `jdtr.grad` (bytes, a size string, or a fraction).
+      argnums, has_aux: as in `flax.nnx.value_and_grad`.
+      wrt: the filter of module state to differentiate (default `nnx.Param`).
+      **options: other `jdtr.value_and_grad` options (heuristic, dealloc,
+        cost_model, return_stats, debug, timeline).
+
+    Returns:
+      `(loss, grads)` (or `((loss, aux), grads)`), with `grads` an `nnx.State`
+      for each module argument; mutated module state is written back.
+    """
+    return _make(f, argnums, has_aux, wrt, True, dict(budget=budget, **options))
+
+
+def grad(
+    f: Callable,
+    *,
+    budget: BudgetLike,
+    argnums: Union[int, Sequence[int]] = 0,
+    has_aux: bool = False,
+    wrt: Any = nnx.Param,
+    **options,
+) -> Callable:
+    """`flax.nnx.grad` under a device-memory budget; see `value_and_grad`."""
+    return _make(f, argnums, has_aux, wrt, False, dict(budget=budget, **options))

@@ -1,0 +1,123 @@
+"""jdtr with Flax: `jdtr.nnx` against flax.nnx's own functions, and Linen through params."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+
+pytest.importorskip("flax")
+from flax import linen, nnx  # noqa: E402
+
+import jdtr  # noqa: E402
+import jdtr.nnx  # noqa: E402
+
+
+class Net(nnx.Module):
+    def __init__(self, rngs, depth=4, width=32):
+        self.embed = nnx.Linear(8, width, use_bias=False, rngs=rngs)  # a bias before BatchNorm has zero gradient: Adam would amplify its noise
+        self.bn = nnx.BatchNorm(width, rngs=rngs)
+        self.drop = nnx.Dropout(0.2, rngs=rngs)
+        self.layers = nnx.List([nnx.Linear(width, width, rngs=rngs) for _ in range(depth)])
+        self.head = nnx.Linear(width, 1, rngs=rngs)
+
+    def __call__(self, x):
+        h = self.drop(nnx.relu(self.bn(self.embed(x))))
+        for layer in self.layers:
+            h = nnx.tanh(layer(h))
+        return self.head(h)
+
+
+def loss_fn(model, x, y):
+    return jnp.mean((model(x) - y) ** 2)
+
+
+def data(seed=0, n=1024):
+    x = jax.random.normal(jax.random.PRNGKey(seed), (n, 8))
+    return x, jnp.sin(x[:, :1])
+
+
+def leaves_close(a, b, rtol=1e-5, atol=1e-6):
+    la, lb = jax.tree_util.tree_leaves(a), jax.tree_util.tree_leaves(b)
+    assert len(la) == len(lb)
+    for u, v in zip(la, lb):
+        if jax.dtypes.issubdtype(u.dtype, jax.dtypes.extended):  # PRNG keys: compare their words
+            u, v = jax.random.key_data(u), jax.random.key_data(v)
+        np.testing.assert_allclose(np.asarray(u), np.asarray(v), rtol=rtol, atol=atol)
+
+
+def test_nnx_value_and_grad_matches_flax_including_state_and_optimizer():
+    x, y = data()
+    ours, theirs = Net(nnx.Rngs(0)), Net(nnx.Rngs(0))
+    opt_ours = nnx.Optimizer(ours, optax.adam(1e-2), wrt=nnx.Param)
+    opt_theirs = nnx.Optimizer(theirs, optax.adam(1e-2), wrt=nnx.Param)
+    grad_ours = jdtr.nnx.value_and_grad(loss_fn, budget=0.5, return_stats=True)
+    for _ in range(3):
+        (loss_a, grads_a), stats = grad_ours(ours, x, y)
+        loss_b, grads_b = nnx.value_and_grad(loss_fn)(theirs, x, y)
+        assert isinstance(grads_a, nnx.State)
+        assert jax.tree_util.tree_structure(grads_a) == jax.tree_util.tree_structure(grads_b)
+        np.testing.assert_allclose(loss_a, loss_b, rtol=1e-6)
+        leaves_close(grads_a, grads_b)
+        assert stats.rematerializations > 0 and stats.peak_bytes <= stats.budget_bytes
+        opt_ours.update(ours, grads_a)
+        opt_theirs.update(theirs, grads_b)
+    # parameters, BatchNorm statistics and RNG counters all moved the same way
+    leaves_close(nnx.state(ours), nnx.state(theirs))
+    np.testing.assert_allclose(ours.bn.mean[...], theirs.bn.mean[...], rtol=1e-6)
+    assert int(ours.drop.rngs.count[...]) == int(theirs.drop.rngs.count[...]) == 3
+
+
+def test_nnx_grad_with_aux_and_second_argument():
+    x, y = data(1)
+    ours, theirs = Net(nnx.Rngs(1)), Net(nnx.Rngs(1))
+
+    def loss_aux(model, x, y):
+        pred = model(x)
+        return jnp.mean((pred - y) ** 2), {"mean": jnp.mean(pred)}
+
+    (grads_a, xgrad_a), aux_a = jdtr.nnx.grad(loss_aux, budget=0.6, argnums=(0, 1), has_aux=True)(ours, x, y)
+    (grads_b, xgrad_b), aux_b = nnx.grad(loss_aux, argnums=(0, 1), has_aux=True)(theirs, x, y)
+    leaves_close((grads_a, xgrad_a, aux_a), (grads_b, xgrad_b, aux_b))
+
+
+def test_nnx_eval_mode_changes_nothing():
+    x, y = data(2)
+    model = Net(nnx.Rngs(2))
+    model.eval()
+    before = jax.tree_util.tree_map(jnp.copy, nnx.state(model, nnx.BatchStat))
+    jdtr.nnx.grad(loss_fn, budget=0.7)(model, x, y)
+    leaves_close(nnx.state(model, nnx.BatchStat), before)
+
+
+class LinenNet(linen.Module):
+    @linen.compact
+    def __call__(self, x, train: bool = True):
+        x = linen.Dense(32)(x)
+        x = linen.BatchNorm(use_running_average=not train)(x)
+        for _ in range(4):
+            x = jnp.tanh(linen.Dense(32)(x))
+        return linen.Dense(1)(x)
+
+
+def test_linen_through_params_pytree():
+    x, y = data(3)
+    model = LinenNet()
+    variables = model.init(jax.random.PRNGKey(0), x)
+
+    def loss(params, batch_stats, x, y):
+        pred, updates = model.apply({"params": params, "batch_stats": batch_stats}, x, mutable=["batch_stats"])
+        return jnp.mean((pred - y) ** 2), updates["batch_stats"]
+
+    args = (variables["params"], variables["batch_stats"], x, y)
+    (value_a, stats_a), grads_a = jdtr.value_and_grad(loss, has_aux=True, budget=0.5)(*args)
+    (value_b, stats_b), grads_b = jax.value_and_grad(loss, has_aux=True)(*args)
+    np.testing.assert_allclose(value_a, value_b, rtol=1e-6)
+    leaves_close((grads_a, stats_a), (grads_b, stats_b))
+    opt = optax.sgd(0.1)
+    state = opt.init(variables["params"])
+    updates, _ = opt.update(grads_a, state)
+    new_params = optax.apply_updates(variables["params"], updates)
+    assert jax.tree_util.tree_structure(new_params) == jax.tree_util.tree_structure(variables["params"])
