@@ -120,9 +120,9 @@ def main(argv=None):
     else:
         suite = [
             models.mlp_chain(layers=64, width=256, batch=2048),
-            models.resnet(blocks=8, channels=32, image=32, batch=32),
-            models.transformer(blocks=6, dim=256, heads=8, seq=256, batch=8, vocab=512),
-            models.rnn(steps=128, hidden=256, features=64, batch=256),
+            models.resnet(blocks=4, channels=32, image=32, batch=16),
+            models.transformer(blocks=4, dim=128, heads=4, seq=128, batch=8, vocab=256),
+            models.rnn(steps=64, hidden=256, features=64, batch=256),
         ]
     lines = [
         "| model | budget ratio | peak/budget | evictions | rematerializations | overhead | time / eager jax.grad | time / jit(jax.grad) |",
