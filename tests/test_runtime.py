@@ -289,7 +289,7 @@ def test_estar_linear_chain_operations_linear(n):
 
 
 def test_every_heuristic_listed():
-    assert set(HEURISTICS) == {"dtr_full", "dtr_eq", "dtr_local", "lru", "size", "msps", "random", "estar"}
+    assert set(HEURISTICS) == {"dtr_full", "dtr_eq", "dtr_local", "lru", "size", "msps", "random", "estar", "lookahead"}
     for name in HEURISTICS:
         assert get_heuristic(name).name == name
 

@@ -7,6 +7,9 @@ from .graph import Storage as Storage
 from .graph import Tensor as Tensor
 from .heuristics import HEURISTICS as HEURISTICS
 from .heuristics import Heuristic as Heuristic
+from .heuristics import IndexedHeuristic as IndexedHeuristic
+from .heuristics import RatioHeuristic as RatioHeuristic
+from .heuristics import Sampled as Sampled
 from .heuristics import evicted_neighborhood as evicted_neighborhood
 from .heuristics import get_heuristic as get_heuristic
 from .observer import Counters as Counters
@@ -18,6 +21,7 @@ from .runtime import Backend as Backend
 from .runtime import NullBackend as NullBackend
 from .runtime import Runtime as Runtime
 from .runtime import ThrashError as ThrashError
+from .schedule import Schedule as Schedule
 
 __all__ = [
     "Backend",
@@ -25,11 +29,15 @@ __all__ = [
     "DEALLOC_POLICIES",
     "HEURISTICS",
     "Heuristic",
+    "IndexedHeuristic",
     "NullBackend",
     "Observer",
     "Operator",
     "OutOfBudgetError",
+    "RatioHeuristic",
     "Runtime",
+    "Sampled",
+    "Schedule",
     "Storage",
     "Tensor",
     "ThrashError",

@@ -19,6 +19,7 @@ from .errors import OutOfBudgetError
 from .graph import Operator, Storage, Tensor
 from .heuristics import Heuristic, get_heuristic
 from .observer import Observer
+from .schedule import Schedule
 
 DEALLOC_POLICIES = ("eager", "banish", "ignore")
 
@@ -60,6 +61,9 @@ class Runtime:
         "ignore" does nothing.
       observers: telemetry receivers.
       remat_limit: raise `ThrashError` once rematerialization cost exceeds it.
+      schedule: the program's future accesses, for heuristics that look ahead
+        (`jdtr.runtime.Schedule`); made empty when the heuristic reads one and
+        none is given. The driver of the run fills it.
     """
 
     def __init__(
@@ -70,6 +74,7 @@ class Runtime:
         dealloc: str = "eager",
         observers: Sequence[Observer] = (),
         remat_limit: Optional[float] = None,
+        schedule: Optional[Schedule] = None,
     ):
         if dealloc not in DEALLOC_POLICIES:
             raise ValueError(f"unknown dealloc policy {dealloc!r}; expected one of {DEALLOC_POLICIES}")
@@ -87,6 +92,10 @@ class Runtime:
         self.storages: list[Storage] = []
         self._pending_banish: dict[Storage, None] = {}
         self._ids = 0
+        if schedule is None and self.heuristic.uses_schedule:
+            schedule = Schedule()
+        self.schedule = schedule
+        self.heuristic.attach(self)
 
     # ----------------------------------------------------------------- creation
 
@@ -350,7 +359,7 @@ class Runtime:
         for tensor in storage.tensors:
             tensor.buffer, tensor.defined = None, False
         storage.resident = False
-        self.pool.pop(storage, None)
+        self._pool_remove(storage)
         self._unreserve(storage.size)
         self.heuristic.on_evict(storage)
         for observer in self.observers:
@@ -360,7 +369,7 @@ class Runtime:
 
     def _lock(self, storage: Storage) -> None:
         storage.locks += 1
-        self.pool.pop(storage, None)
+        self._pool_remove(storage)
 
     def _unlock(self, storage: Storage) -> None:
         storage.locks -= 1
@@ -368,16 +377,22 @@ class Runtime:
 
     def _update_pool(self, storage: Storage) -> None:
         if storage.evictable:
-            self.pool[storage] = None
+            if storage not in self.pool:  # a member keeps its place
+                self.pool[storage] = None
+                self.heuristic.on_pool_add(storage, self.clock)
         else:
-            self.pool.pop(storage, None)
+            self._pool_remove(storage)
+
+    def _pool_remove(self, storage: Storage) -> None:
+        if self.pool.pop(storage, 0) is None:
+            self.heuristic.on_pool_remove(storage)
 
     def _pin(self, storage: Storage) -> None:
         if not storage.pinned:
             storage.pinned = True
             if storage.resident:
                 self.pinned_bytes += storage.size
-            self.pool.pop(storage, None)
+            self._pool_remove(storage)
             for observer in self.observers:
                 observer.on_pin(storage)
 
@@ -408,9 +423,10 @@ class Runtime:
             for tensor in storage.tensors:
                 tensor.buffer, tensor.defined = None, False
             storage.resident = False
-            self.pool.pop(storage, None)
+            self._pool_remove(storage)
             self._unreserve(storage.size)
         storage.banished = True
+        self.heuristic.on_banish(storage)
         for observer in self.observers:
             observer.on_banish(storage, self.clock)
         for dependent in storage.dependents:
@@ -432,4 +448,5 @@ class Runtime:
                 for tensor in storage.tensors:
                     tensor.buffer, tensor.defined = None, False
                 storage.resident = False
-        self.pool.clear()
+        for storage in list(self.pool):
+            self._pool_remove(storage)

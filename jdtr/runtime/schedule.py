@@ -1,0 +1,81 @@
+"""The program's future accesses, for heuristics that look ahead.
+
+The paper's heuristics see only the past (staleness: the time since a storage
+was last used), because a PyTorch program reveals itself one operator at a
+time. jdtr sees the whole program before running it (a jaxpr, or a log), so
+it can say when each tensor will next be read. A driver that knows the
+program fills a `Schedule` and the runtime hands it to its heuristic:
+
+* `announce(tensor, uses)` when the program creates `tensor`: the
+  *positions* at which the program will read it, ascending;
+* `advance(cost)` after each program operation.
+
+A position is the program's own progress: the cost of the program
+operations done before (so that distances are in the clock's unit, like
+staleness); rematerializations are the runtime's and move nothing. An
+output of the program is read at the end. Drivers: `jdtr.simulator` (a log's
+compute steps) and `jdtr.grad`'s interpreter (a program's top-level
+equations; a `cond` counts as one operation).
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import math
+from typing import Iterator, Optional, Sequence
+
+from .graph import Storage, Tensor
+
+
+class Schedule:
+    """When the program will read each tensor; it is at `position` now."""
+
+    def __init__(self) -> None:
+        self.position = 0.0
+        self._uses: dict[Tensor, Sequence[float]] = {}
+        self._cursor: dict[Tensor, int] = {}
+        self._reads: list = []  # (position, sequence, tensor): the reads still ahead
+        self._sequence = itertools.count()
+
+    def announce(self, tensor: Tensor, uses: Sequence[float]) -> None:
+        """The program will read `tensor` at these positions (ascending); a
+        second announcement adds to the first (the value under a new name)."""
+        known = self._uses.get(tensor)
+        if known:
+            uses = sorted({*known, *uses})
+        self._uses[tensor] = uses
+        self._cursor[tensor] = 0
+        for position in uses:
+            heapq.heappush(self._reads, (position, next(self._sequence), tensor))
+
+    def advance(self, cost: float = 1.0) -> None:
+        """One program operation of this cost is done."""
+        self.position += cost
+
+    def next_use(self, tensor: Tensor) -> Optional[float]:
+        """The first position >= `position` at which the program reads
+        `tensor`; inf if it never does again; None if it was never announced."""
+        uses = self._uses.get(tensor)
+        if uses is None:
+            return None
+        i = self._cursor[tensor]
+        while i < len(uses) and uses[i] < self.position:
+            i += 1
+        self._cursor[tensor] = i
+        return uses[i] if i < len(uses) else math.inf
+
+    def next_storage_use(self, storage: Storage) -> Optional[float]:
+        """The earliest next use of a tensor of `storage` (None if none was announced)."""
+        found: Optional[float] = None
+        for tensor in storage.tensors:
+            use = self.next_use(tensor)
+            if use is not None and (found is None or use < found):
+                found = use
+        return found
+
+    def passed_reads(self) -> Iterator[Tensor]:
+        """The tensors whose announced reads the program has passed since the last call."""
+        reads = self._reads
+        while reads and reads[0][0] < self.position:
+            yield heapq.heappop(reads)[2]
