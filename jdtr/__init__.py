@@ -3,15 +3,20 @@
 Train models that do not fit in device memory: `jdtr.grad` computes JAX's
 gradients eagerly under a hard byte budget, evicting device buffers and
 recomputing them on demand (Kirisame et al., ICLR 2021). `jdtr.simulate`
-runs the same runtime on operator logs (`jdtr.Trace`), as the paper's simulator.
+runs the same runtime on operator logs (`jdtr.Trace`), as the paper's
+simulator; `jdtr.trace` records such a log of a JAX computation, and
+`jdtr.optimal` gives the least compute any schedule needs (Checkmate's MILP).
 """
 
+from . import plot as plot
 from .budget import Budget as Budget
 from .budget import parse_budget as parse_budget
 from .runtime import HEURISTICS as HEURISTICS
 from .runtime import Heuristic as Heuristic
 from .runtime import OutOfBudgetError as OutOfBudgetError
+from .simulator import OptimalResult as OptimalResult
 from .simulator import SimResult as SimResult
+from .simulator import optimal as optimal
 from .simulator import simulate as simulate
 from .stats import Stats as Stats
 from .trace import LogFormatError as LogFormatError
@@ -25,6 +30,7 @@ from .transform import plan as plan
 from .transform import remat_grad as remat_grad
 from .transform import remat_value_and_grad as remat_value_and_grad
 from .transform import value_and_grad as value_and_grad
+from .transform.grad import trace as trace
 
 __version__ = "0.1.0"
 
@@ -34,6 +40,7 @@ __all__ = [
     "Heuristic",
     "LogFormatError",
     "OpInfo",
+    "OptimalResult",
     "OutOfBudgetError",
     "Plan",
     "RooflineCostModel",
@@ -42,10 +49,13 @@ __all__ = [
     "Stats",
     "Trace",
     "grad",
+    "optimal",
     "parse_budget",
     "plan",
+    "plot",
     "remat_grad",
     "remat_value_and_grad",
     "simulate",
+    "trace",
     "value_and_grad",
 ]

@@ -1,8 +1,9 @@
-"""The command line: `python -m jdtr replay LOG ...` and `python -m jdtr sweep LOG ...`.
+"""The command line: `python -m jdtr replay|sweep|optimal LOG ...`.
 
 replay simulates one operator log under one budget; sweep runs a grid of
 budget ratios and heuristics and prints the paper's Figure 2 as a table
-(and, with --plot, as a PNG).
+(and, with --plot, as a PNG); optimal solves Checkmate's MILP for the least
+compute any schedule needs under one budget.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from pathlib import Path
 from typing import Optional, Sequence, TextIO
 
 from .runtime import DEALLOC_POLICIES, HEURISTICS
-from .simulator import PAPER_RATIOS, SimResult, format_table, plot_sweep, simulate, sweep
+from .simulator import PAPER_RATIOS, OptimalResult, SimResult, format_table, optimal, plot_sweep, simulate, sweep
 from .trace import LogFormatError, Trace
 
 # The heuristics of the paper's Figure 2, in its order.
@@ -36,6 +37,14 @@ def _parser() -> argparse.ArgumentParser:
     budget.add_argument("--budget", help="budget in bytes, or with a unit: 4GB, 512MiB")
     _add_common(replay)
     replay.add_argument("--heuristic", default="dtr_eq", choices=sorted(HEURISTICS), help="default: dtr_eq")
+
+    best = commands.add_parser("optimal", help="the least compute any schedule needs under one budget (needs scipy)")
+    best.add_argument("log", help="an operator log (JSON lines, the DTR prototype's format)")
+    budget = best.add_mutually_exclusive_group(required=True)
+    budget.add_argument("--ratio", type=float, help="budget as a fraction of the unconstrained peak, in (0, 1]")
+    budget.add_argument("--budget", help="budget in bytes, or with a unit: 4GB, 512MiB")
+    best.add_argument("--time-limit", type=float, default=60.0, help="seconds for the MILP solver (default: 60)")
+    best.add_argument("--json", action="store_true", help="print JSON instead of text")
 
     grid = commands.add_parser("sweep", help="simulate one log over budget ratios and heuristics (Figure 2)")
     grid.add_argument("log", help="an operator log (JSON lines, the DTR prototype's format)")
@@ -122,6 +131,40 @@ def _replay(args: argparse.Namespace) -> int:
     return 0
 
 
+def _describe_optimal(log: str, result: OptimalResult) -> str:
+    if result.overhead is not None:
+        outcome = f"overhead {result.overhead:.4f}"
+    else:
+        outcome = "no schedule fits" if result.status == "infeasible" else "no schedule found in time"
+    lines = [
+        f"{log}: {result.status}, {outcome} (Checkmate's MILP, {result.solver})",
+        f"  budget                {result.budget_bytes} B ({_megabytes(result.budget_bytes)})",
+        f"  baseline compute      {result.baseline_cost:.0f}",
+    ]
+    if result.total_cost is not None:
+        lines.append(f"  total compute         {result.total_cost:.0f} ({result.recomputations} recomputations)")
+    if result.bound is not None:
+        lines.append(f"  lower bound           {result.bound:.0f} (overhead {result.bound / result.baseline_cost:.4f})")
+    lines += [
+        f"  least feasible budget {result.required_bytes} B ({_megabytes(result.required_bytes)}) or more",
+        f"  no recomputation from {result.unconstrained_peak_bytes} B ({_megabytes(result.unconstrained_peak_bytes)})",
+        f"  MILP                  {result.nodes} nodes, {result.variables} variables, {result.constraints} constraints,"
+        f" {result.solve_time_s:.1f} s",
+        f"  solver                {result.message}",
+    ]
+    return "\n".join(lines)
+
+
+def _optimal(args: argparse.Namespace) -> int:
+    budget = args.ratio if args.ratio is not None else args.budget
+    result = optimal(args.log, budget, time_limit=args.time_limit)
+    if args.json:
+        print(json.dumps({"log": args.log, **result.to_dict()}))
+    else:
+        print(_describe_optimal(args.log, result))
+    return 0
+
+
 def _sweep(args: argparse.Namespace) -> int:
     trace = Trace.from_log(args.log)
     progress = None if args.quiet else _Progress(sys.stderr)
@@ -150,8 +193,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     """Runs the command line; returns the exit status (2 for unusable input)."""
     parser = _parser()
     args = parser.parse_args(argv)
+    commands = {"replay": _replay, "sweep": _sweep, "optimal": _optimal}
     try:
-        return _replay(args) if args.command == "replay" else _sweep(args)
-    except (LogFormatError, OSError, ValueError, TypeError) as err:
+        return commands[args.command](args)
+    except (LogFormatError, OSError, ValueError, TypeError, ImportError) as err:
         print(f"{parser.prog} {args.command}: error: {err}", file=sys.stderr)
         return 2

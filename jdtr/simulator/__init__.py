@@ -2,9 +2,14 @@
 
 There is one DTR algorithm, `jdtr.runtime.Runtime`; the simulator runs it with
 a backend that holds no buffers, on a `jdtr.Trace`, measured as the paper
-authors' simulator (simrd, App. C) measures.
+authors' simulator (simrd, App. C) measures. `optimal` solves Checkmate's
+MILP on the same trace: the least compute any rematerialization schedule needs.
 """
 
+from ._optimal import CheckmateGraph as CheckmateGraph
+from ._optimal import OptimalResult as OptimalResult
+from ._optimal import checkmate_graph as checkmate_graph
+from ._optimal import optimal as optimal
 from ._plot import plot_sweep as plot_sweep
 from ._simulate import Baseline as Baseline
 from ._simulate import SimResult as SimResult
@@ -16,9 +21,13 @@ from ._sweep import sweep as sweep
 
 __all__ = [
     "Baseline",
+    "CheckmateGraph",
+    "OptimalResult",
     "PAPER_RATIOS",
     "SimResult",
+    "checkmate_graph",
     "format_table",
+    "optimal",
     "plot_sweep",
     "run_baseline",
     "simulate",

@@ -3,7 +3,8 @@
 `Trace.from_log(path)` reads a log, `trace.to_log(path)` writes it back, and
 `trace.program` is what it means: pure operator calls on numbered values,
 with `MUTATE` made copy-on-write. `jdtr.simulate` replays a trace under a
-memory budget.
+memory budget. A `TraceRecorder` writes the log of what a jdtr program asks
+of the runtime (`jdtr.trace`, `jdtr.grad(..., log=path)`).
 """
 
 from ._errors import LogFormatError as LogFormatError
@@ -20,6 +21,7 @@ from ._records import CopyFrom as CopyFrom
 from ._records import Mutate as Mutate
 from ._records import Record as Record
 from ._records import Release as Release
+from ._recorder import TraceRecorder as TraceRecorder
 from ._trace import Trace as Trace
 
 __all__ = [
@@ -38,4 +40,5 @@ __all__ = [
     "RetainStep",
     "Step",
     "Trace",
+    "TraceRecorder",
 ]

@@ -8,11 +8,17 @@ model re-traces only when its structure changes.
 Running: a fresh DTR runtime per call executes the program eagerly on the
 device, evicting and rematerializing to keep every byte it holds
 (arguments, constants, intermediates, outputs) within the budget.
+
+Logging: `log=path`, and `jdtr.trace`, write down what the program asks of
+the runtime as an operator log in the DTR prototype's format, which
+`jdtr.simulate` replays to the same decisions.
 """
 
 from __future__ import annotations
 
 import functools
+import math
+import os
 import time
 import weakref
 from dataclasses import dataclass
@@ -23,13 +29,23 @@ import jax.numpy as jnp
 import numpy as np
 
 from ..budget import Budget, BudgetLike, parse_budget
-from ..runtime import DEALLOC_POLICIES, Counters, Heuristic, OutOfBudgetError, Runtime, Timeline, get_heuristic
+from ..runtime import (
+    DEALLOC_POLICIES,
+    Counters,
+    Heuristic,
+    NullBackend,
+    OutOfBudgetError,
+    Runtime,
+    Timeline,
+    get_heuristic,
+)
 from ..stats import Stats
+from ..trace import Trace, TraceRecorder
 from . import _jax_core
 from .costs import MEASURED, CostModel, check_cost_model
 from .interpreter import Interpreter, JaxBackend, LiveArrayCheck
 from .normalize import normalize
-from .program import Program
+from .program import Cond, Program
 
 
 @dataclass
@@ -75,7 +91,8 @@ def _leaf_spec(leaf: Any, differentiated: bool, where: str) -> Union[jax.ShapeDt
             raise ValueError(f"{where} is a deleted jax.Array; its buffer was freed before the call")
         return jax.ShapeDtypeStruct(leaf.shape, leaf.dtype, weak_type=getattr(leaf, "weak_type", False))
     if isinstance(leaf, (np.ndarray, np.generic)):
-        return jax.ShapeDtypeStruct(np.shape(leaf), np.asarray(leaf).dtype)
+        # As jax.grad does: float64 becomes float32 unless x64 is enabled (silently).
+        return jax.ShapeDtypeStruct(np.shape(leaf), jax.dtypes.canonicalize_dtype(np.asarray(leaf).dtype))
     if differentiated:
         if isinstance(leaf, (bool, int, float, complex)):
             aval = jnp.asarray(leaf)
@@ -89,6 +106,29 @@ def _leaf_spec(leaf: Any, differentiated: bool, where: str) -> Union[jax.ShapeDt
             "arguments as static (part of the trace-cache key), so they must be hashable"
         ) from None
     return _Static(leaf)
+
+
+def _check_device(leaf: Any, where: str, device: Optional[tuple[Any, str]]) -> Optional[tuple[Any, str]]:
+    """Every operation runs on one device, whose memory the budget bounds:
+    committed arguments must all be on it (uncommitted ones follow, as under
+    jit). Returns the (device, argument) seen first."""
+    if not _jax_core.is_array(leaf) or not getattr(leaf, "committed", False):
+        return device
+    devices = leaf.sharding.device_set
+    if len(devices) != 1:
+        raise ValueError(
+            f"{where} is sharded over {len(devices)} devices, but jdtr runs every operation on one device "
+            "under one budget; pass arrays on a single device (jax.device_put(x, device))"
+        )
+    (here,) = devices
+    if device is None:
+        return here, where
+    if here != device[0]:
+        raise ValueError(
+            f"{where} is on {here} but {device[1]} is on {device[0]}; jdtr runs every operation on one device "
+            "under one budget, so put all arguments on the same device (jax.device_put(x, device))"
+        )
+    return device
 
 
 _TRACES: "weakref.WeakKeyDictionary[Callable, dict]" = weakref.WeakKeyDictionary()
@@ -123,6 +163,7 @@ class _ValueAndGrad:
         debug: bool,
         timeline: bool,
         value: bool,
+        log: "Optional[str | os.PathLike[str]]" = None,
     ):
         self.fun = fun
         self.argnums = argnums
@@ -136,6 +177,7 @@ class _ValueAndGrad:
         self.debug = debug
         self.timeline = timeline
         self.value = value
+        self.log = log
         self.cache: dict[Hashable, Traced] = _trace_cache(fun, self.argnum_tuple, has_aux, cost_model)
         self.cache_hits = 0
         self.cache_misses = 0
@@ -153,11 +195,13 @@ class _ValueAndGrad:
         diff = {i % len(args) for i in self.argnum_tuple}
         paths, treedef = jax.tree_util.tree_flatten_with_path((args, kwargs))
         leaves, specs = [], []
+        device: Optional[tuple[Any, str]] = None  # the first committed argument's device
         for path, leaf in paths:
             differentiated = path[0].idx == 0 and path[1].idx in diff
             where = f"argument {_describe(path)}"
             leaves.append(leaf)
             specs.append(_leaf_spec(leaf, differentiated, where))
+            device = _check_device(leaf, where, device)
         return leaves, specs, treedef
 
     def _trace(self, specs: list, treedef: Any) -> Traced:
@@ -179,6 +223,25 @@ class _ValueAndGrad:
     # ---------------------------------------------------------------- running
 
     def __call__(self, *args, **kwargs):
+        traced, inputs, owned, cache_hit = self._prepare(args, kwargs)
+        recorder = TraceRecorder() if self.log is not None else None
+        outputs, stats = self._run(traced, inputs, owned, cache_hit, recorder)
+        if recorder is not None:
+            recorder.trace().to_log(self.log)
+        value_and_grads = jax.tree_util.tree_unflatten(traced.out_tree, outputs)
+        result = self._shape_result(value_and_grads)
+        return (result, stats) if self.return_stats else result
+
+    def record(self, args: tuple, kwargs: dict) -> Trace:
+        """The log of the program run in simulation, with no budget (`jdtr.trace`)."""
+        traced, inputs, _, _ = self._prepare(args, kwargs)
+        recorder = TraceRecorder()
+        interpreter = Interpreter(Runtime(NullBackend(), math.inf), choose_branch=_largest_branch, recorder=recorder)
+        interpreter.run(traced.program, [None] * len(inputs), [True] * len(inputs))
+        return recorder.trace()
+
+    def _prepare(self, args: tuple, kwargs: dict):
+        """The traced program for these arguments (from the cache if it can) and its input arrays."""
         leaves, specs, treedef = self._flatten(args, kwargs)
         key = (treedef, tuple(specs))
         traced = self.cache.get(key)
@@ -199,10 +262,7 @@ class _ValueAndGrad:
             else:
                 inputs.append(jnp.asarray(leaf, dtype=spec.dtype))
                 owned.append(True)
-        outputs, stats = self._run(traced, inputs, owned, cache_hit)
-        value_and_grads = jax.tree_util.tree_unflatten(traced.out_tree, outputs)
-        result = self._shape_result(value_and_grads)
-        return (result, stats) if self.return_stats else result
+        return traced, inputs, owned, cache_hit
 
     def _shape_result(self, value_and_grads):
         value, grads = value_and_grads
@@ -212,7 +272,14 @@ class _ValueAndGrad:
             return grads, value[1]
         return grads
 
-    def _run(self, traced: Traced, inputs: list, owned: list, cache_hit: bool):
+    def _run(
+        self,
+        traced: Traced,
+        inputs: list,
+        owned: list,
+        cache_hit: bool,
+        recorder: Optional[TraceRecorder] = None,
+    ):
         program = traced.program
         budget_bytes = self.budget.resolve(traced.unconstrained_peak)
         held = sum(v.nbytes for v in program.inputs) + sum(v.nbytes for v, _ in program.consts)
@@ -243,7 +310,7 @@ class _ValueAndGrad:
         )
         start = time.perf_counter()
         try:
-            outputs = Interpreter(runtime).run(program, inputs, owned)
+            outputs = Interpreter(runtime, recorder=recorder).run(program, inputs, owned)
             jax.block_until_ready(outputs)
         finally:
             if check is not None:
@@ -272,6 +339,12 @@ class _ValueAndGrad:
         return outputs, stats
 
 
+def _largest_branch(cond: Cond) -> int:
+    """In simulation no predicate can be read: the branch with the largest unconstrained peak runs."""
+    peaks = [branch.unconstrained_peak() for branch in cond.branches]
+    return peaks.index(max(peaks))
+
+
 def _describe(path: Any) -> str:
     """'x' style names for error messages: args[0]['w'] -> positional 0 ['w']."""
     kind, rest = path[0].idx, path[1:]
@@ -282,7 +355,7 @@ def _describe(path: Any) -> str:
     return f"{jax.tree_util.keystr(tuple(rest))} (keyword)"
 
 
-def _make(fun, argnums, has_aux, budget, heuristic, dealloc, cost_model, return_stats, debug, timeline, value):
+def _make(fun, argnums, has_aux, budget, heuristic, dealloc, cost_model, return_stats, debug, timeline, value, log=None):
     if not callable(fun):
         raise TypeError(f"expected a callable to differentiate; got {fun!r}")
     if dealloc not in DEALLOC_POLICIES:
@@ -300,6 +373,7 @@ def _make(fun, argnums, has_aux, budget, heuristic, dealloc, cost_model, return_
         debug,
         timeline,
         value,
+        None if log is None else os.fspath(log),
     )
 
 
@@ -315,6 +389,7 @@ def value_and_grad(
     return_stats: bool = False,
     debug: bool = False,
     timeline: bool = False,
+    log: "Optional[str | os.PathLike[str]]" = None,
 ) -> Callable:
     """Like `jax.value_and_grad`, run eagerly under a device-memory budget.
 
@@ -338,6 +413,11 @@ def value_and_grad(
       debug: check after every operator that the bytes of `jax.live_arrays()`
         the run holds stay within the budget (slow).
       timeline: record residency events in `Stats.timeline`.
+      log: a path: each call writes there the operator log of what the
+        program asked of the runtime (the branches it took, costs as
+        nanoseconds), in the DTR prototype's format; `jdtr.simulate` replays
+        it to this run's decisions. A call that fails writes nothing. See
+        `jdtr.trace`.
 
     Returns:
       A function returning `(value, grads)` (or `((value, aux), grads)`),
@@ -351,7 +431,7 @@ def value_and_grad(
       >>> f = lambda w, x: jnp.sum(jnp.tanh(x @ w) ** 2)
       >>> value, g = jdtr.value_and_grad(f, budget=0.5)(jnp.ones((4, 4)), jnp.ones((8, 4)))
     """
-    return _make(fun, argnums, has_aux, budget, heuristic, dealloc, cost_model, return_stats, debug, timeline, True)
+    return _make(fun, argnums, has_aux, budget, heuristic, dealloc, cost_model, return_stats, debug, timeline, True, log)
 
 
 def grad(
@@ -366,6 +446,7 @@ def grad(
     return_stats: bool = False,
     debug: bool = False,
     timeline: bool = False,
+    log: "Optional[str | os.PathLike[str]]" = None,
 ) -> Callable:
     """Like `jax.grad`, run eagerly under a device-memory budget.
 
@@ -377,4 +458,45 @@ def grad(
       >>> f = lambda w, x: jnp.sum(jnp.tanh(x @ w) ** 2)
       >>> g = jdtr.grad(f, budget="1MiB")(jnp.ones((4, 4)), jnp.ones((8, 4)))
     """
-    return _make(fun, argnums, has_aux, budget, heuristic, dealloc, cost_model, return_stats, debug, timeline, False)
+    return _make(fun, argnums, has_aux, budget, heuristic, dealloc, cost_model, return_stats, debug, timeline, False, log)
+
+
+def trace(fun: Callable, *args: Any, argnums: Union[int, Sequence[int]] = 0, has_aux: bool = False, **kwargs: Any) -> Trace:
+    """The operator log of `jax.value_and_grad(fun)(*args, **kwargs)` as jdtr runs it.
+
+    The value-and-grad is traced and normalised as `jdtr.grad` does, then
+    run once in simulation — on jdtr's runtime with no buffers and no budget,
+    so nothing is computed on the device and a model too large for it can be
+    traced — and what the program asks of the DTR runtime is written down in
+    the DTR prototype's log format (paper App. C.6; see
+    `jdtr.trace.TraceRecorder`): a `CONSTANT` per argument and constant, a
+    `CALL` per equation with sizes in bytes and `TIME` in nanoseconds of the
+    default, deterministic cost model, a `RELEASE` at each value's last use;
+    the outputs stay referenced. The log does not depend on a budget, so
+    `jdtr.simulate(jdtr.trace(f, *args), b)` takes the decisions of
+    `jdtr.grad(f, budget=b)(*args)` for a budget of `b` bytes.
+
+    A simulation cannot read a `cond`'s predicate: each `cond` contributes
+    its branch with the largest unconstrained peak (the branch the budget
+    fraction of `jdtr.grad` is measured on). `jdtr.grad(..., log=path)` writes
+    the log of a real run instead, with the branches actually taken.
+
+    Args:
+      fun: the function `jdtr.grad` would differentiate.
+      *args: its positional arguments.
+      argnums: which positional argument(s) to differentiate.
+      has_aux: whether `fun` returns `(value, aux)`.
+      **kwargs: its keyword arguments.
+
+    Returns:
+      A `jdtr.Trace`.
+
+    Example:
+      >>> import jax.numpy as jnp, jdtr
+      >>> f = lambda w, x: jnp.sum(jnp.tanh(x @ w) ** 2)
+      >>> log = jdtr.trace(f, jnp.ones((4, 4)), jnp.ones((8, 4)))
+      >>> result = jdtr.simulate(log, 0.8)
+      >>> result.status, result.rematerializations
+      ('ok', 5)
+    """
+    return _make(fun, argnums, has_aux, None, "dtr_eq", "eager", None, False, False, False, True).record(args, kwargs)

@@ -17,6 +17,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from ..runtime import Operator, Runtime, Tensor
+from ..trace import TraceRecorder
 from .program import Cond, Const, Equation, Program, Value
 
 
@@ -74,11 +75,24 @@ class LiveArrayCheck:
 
 
 class Interpreter:
-    """Evaluates a program with `runtime`; one instance per run."""
+    """Evaluates a program with `runtime`; one instance per run.
 
-    def __init__(self, runtime: Runtime, choose_branch: Optional[Callable[[Cond], int]] = None):
-        self.runtime = runtime
+    A `recorder` (`jdtr.trace.TraceRecorder`) stands between the program and
+    the runtime and writes down what the program asks of it, as an operator
+    log; without one, the program talks to the runtime directly.
+    """
+
+    def __init__(
+        self,
+        runtime: Runtime,
+        choose_branch: Optional[Callable[[Cond], int]] = None,
+        recorder: Optional[TraceRecorder] = None,
+    ):
+        self.runtime = runtime if recorder is None else recorder.attach(runtime)
         self.choose_branch = choose_branch  # for simulation, where no predicate can be read
+        self.schedule = runtime.schedule  # the program's future, when the heuristic looks ahead
+        self._future: Optional[tuple[dict[Value, list[float]], list[float]]] = None
+        self._top: Optional[Program] = None
 
     def run(self, program: Program, args: Sequence[Any], owned: Sequence[bool]) -> list[Any]:
         """Runs `program` on `args`; `owned[i]` marks arguments jdtr created
@@ -93,6 +107,8 @@ class Interpreter:
                 env[value] = runtime.constant(value.nbytes, array, name="argument", external=not mine)
             for value, array in program.consts:
                 env[value] = runtime.constant(value.nbytes, array, name="constant", external=True)
+            if self.schedule is not None:
+                self._future, self._top = future_uses(program), program
             self._body(program, env)
             outputs = [self._tensor(env, atom) for atom in program.outputs]
             buffers = runtime.hold(outputs)
@@ -126,10 +142,13 @@ class Interpreter:
                 )
                 for value, tensor in zip(item.outputs, outs):
                     env[value] = tensor
+                self._announce(item.outputs, outs)
             else:
                 self._cond(item, env)
             for value in release.get(i, ()):
                 runtime.release(env.pop(value))
+            if self._future is not None and program is self._top:
+                self.schedule.advance(self._future[1][i])
 
     def _cond(self, cond: Cond, env: dict[Value, Tensor]) -> None:
         """Reads the branch index from the device and runs only that branch."""
@@ -156,3 +175,58 @@ class Interpreter:
             runtime.release(tensor)
         for value, tensor in zip(cond.outputs, results):
             env[value] = tensor
+        self._announce(cond.outputs, results)
+
+    def _announce(self, values: Sequence[Value], tensors: Sequence[Tensor]) -> None:
+        """Tells the schedule when the program will read these new tensors."""
+        if self._future is not None:
+            uses = self._future[0]
+            for value, tensor in zip(values, tensors):
+                self.schedule.announce(tensor, uses.get(value, ()))
+
+
+# ------------------------------------------------------------------ the program's future
+
+
+def future_uses(program: Program) -> tuple[dict[Value, list[float]], list[float]]:
+    """For a `jdtr.runtime.Schedule`: the positions at which `program` reads
+    each value, and the cost of each top-level item.
+
+    A position is the cost of the items before (1 per item when a cost is
+    unknown, as with measured costs); a value read inside a `cond` branch is
+    read at the `cond`'s position, and the outputs are read at the end.
+    """
+    costs = [_item_cost(item) for item in program.body]
+    if any(cost is None for cost in costs):
+        costs = [1.0] * len(program.body)
+    uses: dict[Value, list[float]] = {}
+    position = 0.0
+    for item, cost in zip(program.body, costs):
+        for value in dict.fromkeys(_reads(item)):
+            uses.setdefault(value, []).append(position)
+        position += cost
+    for atom in program.outputs:
+        if isinstance(atom, Value):
+            uses.setdefault(atom, []).append(position)
+    return uses, costs
+
+
+def _item_cost(item: Any) -> Optional[float]:
+    if isinstance(item, Equation):
+        return item.cost
+    branches = [[_item_cost(inner) for inner in branch.body] for branch in item.branches]
+    if any(cost is None for costs in branches for cost in costs):
+        return None
+    return max((sum(costs) for costs in branches), default=0.0)
+
+
+def _reads(item: Any) -> list[Value]:
+    """The values an item reads; for a `cond`, also those read and made inside its branches."""
+    if isinstance(item, Equation):
+        return list(item.args)
+    reads = list(item.args)
+    for branch in item.branches:
+        for inner in branch.body:
+            reads.extend(_reads(inner))
+        reads.extend(atom for atom in branch.outputs if isinstance(atom, Value))
+    return reads

@@ -126,6 +126,19 @@ class _Normalizer:
             stack.value, stack.materialized = made, True
         return stack.value
 
+    def held_value(self, body: list[Item], atom: Any) -> Any:
+        """An atom the runtime holds as a value of its own (an output of the
+        program or of a branch, an operand of a run-time cond): a lazy stack
+        is stacked, and a literal becomes a `constant` equation, so that its
+        bytes are allocated, counted in the peak and freed like any other
+        value's (the interpreter would otherwise make it a pinned constant
+        that the unconstrained peak omits and eager deallocation never frees)."""
+        if isinstance(atom, _Stack):
+            return self.materialize(body, atom)
+        if isinstance(atom, Const):
+            return self.materialize_atom(body, atom)
+        return atom
+
     def materialize_atom(self, body: list[Item], atom: Atom) -> Value:
         if isinstance(atom, Value):
             return atom
@@ -238,13 +251,14 @@ class _Normalizer:
             branch = eqn.params["branches"][int(np.clip(int(index.value), 0, len(eqn.params["branches"]) - 1))]
             inner, consts = _jax_core.open_jaxpr(branch)
             return self.inline(body, inner, consts, operands)
+        operands = [self.held_value(body, a) for a in operands]
         branches = []
         for branch in eqn.params["branches"]:
             inner, consts = _jax_core.open_jaxpr(branch)
             inputs = tuple(self.new_value(v.aval) for v in inner.invars)
             branch_body: list[Item] = []
             outs = self.inline(branch_body, inner, consts, inputs)
-            outs = [self.materialize(branch_body, o) if isinstance(o, _Stack) else o for o in outs]
+            outs = [self.held_value(branch_body, o) for o in outs]
             branches.append(Program(inputs, (), dead_code_elimination(branch_body, outs), tuple(outs)))
         outputs = tuple(self.new_value(v.aval) for v in eqn.outvars)
         body.append(Cond(index, tuple(branches), tuple(operands), outputs, _jax_core.source_line(eqn)))
@@ -271,7 +285,7 @@ def normalize(closed_jaxpr: Any, cost_model: CostModel = None) -> Program:
     inputs = tuple(n.new_value(v.aval) for v in jaxpr.invars)
     body: list[Item] = []
     outs = n.inline(body, jaxpr, consts, inputs)
-    outs = [n.materialize(body, o) if isinstance(o, _Stack) else o for o in outs]
+    outs = [n.held_value(body, o) for o in outs]
     program = Program(inputs, (), dead_code_elimination(body, outs), tuple(outs))
     used = program.used_values()
     program.consts = tuple((v, a) for v, a in n.consts.values() if v in used)

@@ -1,0 +1,471 @@
+"""`jdtr.optimal`: the least compute a trace needs under a budget, by Checkmate's MILP.
+
+Checkmate (Jain et al., "Checkmate: Breaking the memory wall with optimal
+tensor rematerialization", MLSys 2020, §4) schedules a computation graph in
+*stages*: stage t computes node t for the first time, and may recompute any
+earlier nodes before it, each at most once and in graph order. Binary
+variables say what each stage does:
+
+  R[t, i] = 1   node i is computed in stage t (R[t, t] = 1: the frontier advances),
+  S[t, i] = 1   node i's value is kept (checkpointed) from stage t-1 into stage t,
+
+and continuous ones account for memory within a stage:
+
+  FREE[t, i, k] = 1   i's memory is freed right after node k runs in stage t,
+  U[t, k]             the memory in use while node k runs in stage t.
+
+Constraints (t = stage, k = node, i in deps(k)):
+
+  R[t, k] <= R[t, i] + S[t, i]                 an input is computed or kept
+  S[t+1, i] <= S[t, i] + R[t, i]               only what was present can be kept
+  FREE[t, i, k] <= R[t, k],  <= 1 - S[t+1, i],  <= 1 - R[t, j] for every later
+                                               user j of i in the stage
+  U[t, first] = constants + sum_i M_i S[t, i] + M_first R[t, first]
+  U[t, next]  = U[t, k] - sum_i M_i FREE[t, i, k] + M_next R[t, next]
+  U[t, k] <= budget
+  S[T+1, o] = 1 for every output o             outputs are resident at the end
+
+and the objective is the total compute, sum C_i R[t, i]. Cuts that exclude
+only wasteful schedules help the solver: a stage recomputes or holds a value
+only if it reads it or keeps it, and never recomputes a value it holds.
+It is solved with HiGHS through `scipy.optimize.milp`.
+
+The graph is Checkmate's linear graph of the trace (`checkmate_graph`): one
+node per storage a `CALL` creates, with its size and cost, and edges from the
+storages its arguments live in. Constants (weights, inputs) are not nodes:
+they are pinned, resident and counted in memory throughout.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import time
+from dataclasses import asdict, dataclass
+from typing import Any, Optional
+
+from ..budget import BudgetLike, parse_budget
+from ..trace import ComputeStep, Program, Trace
+from ._simulate import as_trace, run_baseline
+
+STATUSES = ("optimal", "timeout", "infeasible")
+
+
+@dataclass(frozen=True)
+class OptimalResult:
+    """The least total compute of any schedule of a trace under a memory budget.
+
+    Costs are in the trace's unit (nanoseconds for operator logs), sizes in bytes.
+
+    Attributes:
+      status: "optimal" (proven, within `rel_gap`), "timeout" (the time limit
+        came first: `total_cost` is the best schedule found, if any, and
+        `bound` what the optimum is at least), or "infeasible" (no schedule
+        fits the budget).
+      total_cost: compute of the best schedule found (baseline plus
+        recomputation); None when none was found.
+      baseline_cost: compute of running every operator once.
+      overhead: total_cost / baseline_cost, comparable with
+        `SimResult.overhead`; None without a schedule.
+      budget_bytes: the budget.
+      bound: a lower bound on the optimal total compute: the solver's dual
+        bound (equal to total_cost, up to `rel_gap`, when optimal), or after
+        a timeout without a schedule the LP relaxation's optimum; None when
+        even that ran out of time.
+      recomputations: node computations beyond the first of each; None
+        without a schedule.
+      unconstrained_peak_bytes: the model's memory peak when every node is
+        computed once and freed after its last use, constants pinned: at any
+        budget at least this, the optimum is the baseline.
+      required_bytes: the least budget any schedule needs: constants plus the
+        largest node with its inputs, or constants plus all outputs.
+      constant_bytes: bytes of the constants, pinned throughout.
+      nodes: nodes (stages) of the graph.
+      variables: variables of the MILP (0 when it was not built).
+      integer_variables: binary variables among them.
+      constraints: constraints of the MILP.
+      solver_nodes: branch-and-bound nodes HiGHS explored.
+      solve_time_s: wall time of building and solving the MILP.
+      solver: the solver, with the scipy version.
+      message: the solver's message, or why no MILP was needed.
+    """
+
+    status: str
+    total_cost: Optional[float]
+    baseline_cost: float
+    overhead: Optional[float]
+    budget_bytes: int
+    bound: Optional[float]
+    recomputations: Optional[int]
+    unconstrained_peak_bytes: int
+    required_bytes: int
+    constant_bytes: int
+    nodes: int
+    variables: int
+    integer_variables: int
+    constraints: int
+    solver_nodes: int
+    solve_time_s: float
+    solver: str
+    message: str
+
+    @property
+    def ok(self) -> bool:
+        """Whether a schedule was found (status "optimal", or "timeout" with an incumbent)."""
+        return self.total_cost is not None
+
+    def to_dict(self) -> dict[str, Any]:
+        """The fields, for JSON."""
+        return asdict(self)
+
+
+# ------------------------------------------------------------------ the graph
+
+
+@dataclass(frozen=True)
+class CheckmateGraph:
+    """Checkmate's linear graph of a trace, nodes in trace order (a topological order).
+
+    Attributes:
+      names: per node, the trace's name of the value.
+      sizes: per node, bytes (0 for a view: it lives in another node's storage).
+      costs: per node, compute cost; the outputs of one multi-output call
+        share its cost equally, so the costs add up to the trace's compute.
+      deps: per node, the nodes it reads (distinct, all earlier): the
+        storages of its call's arguments, and for an argument that is a
+        view, the storage it views too.
+      outputs: nodes that must be resident at the end.
+      constant_bytes: bytes of constants, resident throughout.
+    """
+
+    names: tuple[str, ...]
+    sizes: tuple[int, ...]
+    costs: tuple[float, ...]
+    deps: tuple[tuple[int, ...], ...]
+    outputs: tuple[int, ...]
+    constant_bytes: int
+
+    def __len__(self) -> int:
+        return len(self.sizes)
+
+    def users(self) -> list[list[int]]:
+        """Per node, the nodes that read it, in order."""
+        users: list[list[int]] = [[] for _ in self.sizes]
+        for k, deps in enumerate(self.deps):
+            for i in deps:
+                users[i].append(k)
+        return users
+
+    def unconstrained_peak_bytes(self) -> int:
+        """Peak memory of computing every node once, in order, each freed after its last use."""
+        users = self.users()
+        last_use = [max(u) if u else k for k, u in enumerate(users)]
+        kept = set(self.outputs)
+        frees: dict[int, list[int]] = {}
+        for i, k in enumerate(last_use):
+            if i not in kept:
+                frees.setdefault(k, []).append(i)
+        memory = peak = self.constant_bytes
+        for k, size in enumerate(self.sizes):
+            memory += size
+            peak = max(peak, memory)
+            memory -= sum(self.sizes[i] for i in frees.get(k, ()))
+        return peak
+
+    def required_bytes(self) -> int:
+        """The least budget any schedule needs: each node with its inputs, and the outputs together."""
+        one_op = max((self.sizes[k] + sum(self.sizes[i] for i in deps) for k, deps in enumerate(self.deps)), default=0)
+        outputs = sum(self.sizes[o] for o in self.outputs)
+        return self.constant_bytes + max(one_op, outputs)
+
+
+def checkmate_graph(program: Program) -> CheckmateGraph:
+    """The linear graph of a lowered trace (`Trace.program`).
+
+    Every output of a `ComputeStep` that is not a constant is a node; a view
+    (`ALIAS` >= 0) is a 0-byte node whose readers also read the storage it
+    views. `RELEASE`s are dropped: when to free is the MILP's decision.
+    """
+    node_of: dict[int, Optional[int]] = {}  # value -> its node, None for a constant
+    root_of: dict[int, Optional[int]] = {}  # value -> the node of the storage it lives in
+    names: list[str] = []
+    sizes: list[int] = []
+    costs: list[float] = []
+    deps: list[tuple[int, ...]] = []
+    constant_bytes = 0
+    for step in program.steps:
+        if not isinstance(step, ComputeStep):
+            continue
+        if step.constant:
+            node_of[step.outputs[0]] = root_of[step.outputs[0]] = None
+            constant_bytes += step.sizes[0]
+            continue
+        reads = []
+        for value in step.inputs:
+            reads += [node_of[value], root_of[value]]
+        inputs = tuple(sorted({n for n in reads if n is not None}))
+        for value, size, alias in zip(step.outputs, step.sizes, step.aliases):
+            node = len(sizes)
+            node_of[value] = node
+            root_of[value] = root_of[step.inputs[alias]] if alias >= 0 else node
+            names.append(program.value_names[value])
+            sizes.append(size)
+            costs.append(step.cost / len(step.outputs))
+            deps.append(inputs)
+    outputs = set()
+    for value in program.outputs:
+        outputs.update(n for n in (node_of[value], root_of[value]) if n is not None)
+    return CheckmateGraph(tuple(names), tuple(sizes), tuple(costs), tuple(deps), tuple(sorted(outputs)), constant_bytes)
+
+
+# -------------------------------------------------------------------- the MILP
+
+
+class _Model:
+    """Variables and sparse constraint rows of a MILP, in scipy's terms."""
+
+    def __init__(self) -> None:
+        self.lower: list[float] = []
+        self.upper: list[float] = []
+        self.objective: list[float] = []
+        self.integer: list[int] = []
+        self.rows: list[int] = []
+        self.cols: list[int] = []
+        self.values: list[float] = []
+        self.row_lower: list[float] = []
+        self.row_upper: list[float] = []
+
+    def variable(self, lower: float, upper: float, cost: float = 0.0, integer: bool = False) -> int:
+        self.lower.append(lower)
+        self.upper.append(upper)
+        self.objective.append(cost)
+        self.integer.append(1 if integer else 0)
+        return len(self.lower) - 1
+
+    def constraint(self, terms: list[tuple[int, float]], lower: float, upper: float) -> None:
+        row = len(self.row_lower)
+        for col, value in terms:
+            self.rows.append(row)
+            self.cols.append(col)
+            self.values.append(value)
+        self.row_lower.append(lower)
+        self.row_upper.append(upper)
+
+
+def _build(graph: CheckmateGraph, budget_bytes: int) -> tuple[_Model, dict[tuple[int, int], int]]:
+    """The MILP of the module docstring; returns it and the R variables by (stage, node)."""
+    n = len(graph)
+    sizes, costs, deps = graph.sizes, graph.costs, graph.deps
+    users = graph.users()
+    outputs = set(graph.outputs)
+    # The last stage in which a node can be of use (n: after the end, for
+    # outputs). Recomputing or keeping it later is pointless, so those
+    # variables are left out: a node is useful while a reader may still run.
+    last = [0] * n
+    for i in reversed(range(n)):
+        last[i] = n if i in outputs else max([i, *(min(last[u], n - 1) for u in users[i])])
+    model = _Model()
+    R: dict[tuple[int, int], int] = {}
+    S: dict[tuple[int, int], int] = {}
+    for i in range(n):
+        for t in range(i, min(last[i], n - 1) + 1):
+            R[t, i] = model.variable(1.0 if t == i else 0.0, 1.0, costs[i], integer=True)
+        for t in range(i + 1, last[i] + 1):
+            S[t, i] = model.variable(1.0 if t == n else 0.0, 1.0, integer=True)  # outputs: kept past the end
+
+    for (t, k), r in R.items():
+        for i in deps[k]:  # an input is computed in the stage or kept from the last one
+            model.constraint([(r, 1.0), (R[t, i], -1.0), (S[t, i], -1.0)], -math.inf, 0.0)
+    for (t, i), s in S.items():  # keep only what the previous stage had
+        terms = [(s, 1.0), (R[t - 1, i], -1.0)]
+        if (t - 1, i) in S:
+            terms.append((S[t - 1, i], -1.0))
+        model.constraint(terms, -math.inf, 0.0)
+    # Cuts that remove only wasteful schedules, so the optimum stays: a stage
+    # recomputes or holds a value only if it reads it or keeps it for the next.
+    for (t, i), var in (*R.items(), *S.items()):
+        if t == i or t == n:
+            continue  # the frontier is always computed; outputs are held at the end
+        readers = [(R[t, j], -1.0) for j in users[i] if j <= t and (t, j) in R]
+        onward = [(S[t + 1, i], -1.0)] if (t + 1, i) in S else []
+        model.constraint([(var, 1.0), *readers, *onward], -math.inf, 0.0)
+    for (t, i), s in S.items():  # nor recomputes a value it holds
+        if (t, i) in R:
+            model.constraint([(s, 1.0), (R[t, i], 1.0)], -math.inf, 1.0)
+    for t in range(n):
+        computed = [k for k in range(t + 1) if (t, k) in R]
+        kept = [(S[t, i], sizes[i]) for i in range(t) if (t, i) in S and sizes[i]]
+        previous: Optional[int] = None
+        frees: list[tuple[int, float]] = []
+        for k in computed:
+            memory = model.variable(0.0, float(budget_bytes))
+            if previous is None:  # the stage starts with the constants and what was kept
+                terms = [(memory, 1.0), *((s, -float(size)) for s, size in kept)]
+                model.constraint([*terms, (R[t, k], -float(sizes[k]))], graph.constant_bytes, graph.constant_bytes)
+            else:
+                terms = [(memory, 1.0), (previous, -1.0), *frees, (R[t, k], -float(sizes[k]))]
+                model.constraint(terms, 0.0, 0.0)
+            frees = []
+            for i in (*deps[k], k):  # what may be freed once k has run
+                if not sizes[i]:
+                    continue
+                free = model.variable(0.0, 1.0)
+                model.constraint([(free, 1.0), (R[t, k], -1.0)], -math.inf, 0.0)
+                if (t + 1, i) in S:
+                    model.constraint([(free, 1.0), (S[t + 1, i], 1.0)], -math.inf, 1.0)
+                for j in users[i]:
+                    if k < j <= t and (t, j) in R:
+                        model.constraint([(free, 1.0), (R[t, j], 1.0)], -math.inf, 1.0)
+                frees.append((free, float(sizes[i])))
+            previous = memory
+    return model, R
+
+
+def _solver_name() -> str:
+    import scipy
+
+    return f"HiGHS (scipy.optimize.milp, scipy {scipy.__version__})"
+
+
+def optimal(
+    trace: "Trace | str | os.PathLike[str]",
+    budget: BudgetLike,
+    *,
+    time_limit: Optional[float] = 60.0,
+    rel_gap: float = 1e-6,
+) -> OptimalResult:
+    """The least total compute of any rematerialization schedule of `trace` under `budget`.
+
+    Solves Checkmate's MILP (Jain et al., MLSys 2020; see this module's
+    docstring) on the trace's linear graph with HiGHS. It is practical for
+    traces of up to a few hundred operators; beyond that, expect "timeout".
+
+    How the model's memory relates to the simulator's (`jdtr.simulate`):
+
+    * Both count constants as resident throughout (the simulator pins them),
+      and both count an operator's output while its inputs are resident, at
+      the moment it runs.
+    * The simulator frees a value when the program releases it (`RELEASE`)
+      or when the heuristic evicts it; a released value can never be kept.
+      The MILP frees a value right after the last computation of its stage
+      that reads it, unless it keeps it for the next stage — also values the
+      program has already released. Its unconstrained peak
+      (`OptimalResult.unconstrained_peak_bytes`) keeps constants resident, the
+      simulator's baseline frees them at their last release, so the two
+      peaks can differ.
+    * A multi-output call is one node per output, sharing the call's cost;
+      the simulator replays the whole call for any of them.
+    * First computations happen in trace order, and a stage recomputes each
+      node at most once, in trace order (Checkmate's frontier-advancing
+      schedules); DTR interleaves recomputations as it needs them.
+
+    So the optimum is a lower bound, under the same budget, on the compute of
+    the schedules DTR's heuristics find, not a schedule DTR itself could run.
+
+    Args:
+      trace: a `Trace`, or the path of a log.
+      budget: bytes (int), a size with a unit ("4GB"), or a float in (0, 1]:
+        a fraction of the simulator's unconstrained peak (as `jdtr.simulate`
+        reads it, so that both get the same budget in bytes).
+      time_limit: seconds HiGHS may take (None: no limit).
+      rel_gap: HiGHS stops once the best schedule is within this fraction of
+        the lower bound; 0 proves optimality exactly.
+
+    Returns:
+      An `OptimalResult`. Infeasible budgets and timeouts are results, not errors.
+
+    Raises:
+      ImportError: scipy is not installed (`pip install scipy`).
+      LogFormatError: `trace` is a path to a malformed log.
+
+    Example:
+      >>> result = jdtr.optimal(jdtr.trace(loss, params, batch), 0.5)   # doctest: +SKIP
+      >>> result.status, result.overhead                               # doctest: +SKIP
+      ('optimal', 1.03...)
+    """
+    try:
+        import numpy as np
+        from scipy.optimize import Bounds, LinearConstraint, milp
+        from scipy.sparse import csr_array
+    except ImportError as err:  # scipy is an optional dependency
+        raise ImportError(
+            "jdtr.optimal solves a MILP with scipy's HiGHS, but scipy is not installed: "
+            "pip install scipy (or pip install 'jdtr[optimal]')"
+        ) from err
+    start = time.perf_counter()
+    trace = as_trace(trace)
+    graph = checkmate_graph(trace.program)
+    budget_bytes = parse_budget(budget).resolve(run_baseline(trace.program).peak_bytes)
+    baseline = float(sum(graph.costs))
+    facts = dict(
+        baseline_cost=baseline,
+        budget_bytes=int(budget_bytes),
+        unconstrained_peak_bytes=graph.unconstrained_peak_bytes(),
+        required_bytes=graph.required_bytes(),
+        constant_bytes=graph.constant_bytes,
+        nodes=len(graph),
+        solver=_solver_name(),
+    )
+
+    def result(
+        status: str,
+        message: str,
+        total: Optional[float] = None,
+        bound: Optional[float] = None,
+        recomputations: Optional[int] = None,
+        **solver: int,
+    ) -> OptimalResult:
+        return OptimalResult(
+            status=status,
+            total_cost=total,
+            overhead=None if total is None else (total / baseline if baseline > 0 else 1.0),
+            bound=bound,
+            recomputations=recomputations,
+            solve_time_s=time.perf_counter() - start,
+            message=message,
+            **{"variables": 0, "integer_variables": 0, "constraints": 0, "solver_nodes": 0, **solver},
+            **facts,
+        )
+
+    if facts["required_bytes"] > budget_bytes:
+        return result("infeasible", f"no schedule fits: it needs at least {facts['required_bytes']} bytes")
+    if not len(graph):
+        return result("optimal", "nothing to compute", 0.0, 0.0, 0)
+    model, R = _build(graph, budget_bytes)
+    matrix = csr_array(
+        (model.values, (model.rows, model.cols)), shape=(len(model.row_lower), len(model.lower)), dtype=float
+    )
+    problem = dict(
+        c=np.asarray(model.objective),
+        bounds=Bounds(np.asarray(model.lower), np.asarray(model.upper)),
+        constraints=LinearConstraint(matrix, np.asarray(model.row_lower), np.asarray(model.row_upper)),
+    )
+    options: dict[str, Any] = {"disp": False, "mip_rel_gap": rel_gap}
+    if time_limit is not None:
+        options["time_limit"] = float(time_limit)
+    solution = milp(integrality=np.asarray(model.integer), options=options, **problem)
+    solver = {
+        "variables": len(model.lower),
+        "integer_variables": sum(model.integer),
+        "constraints": len(model.row_lower),
+        "solver_nodes": int(getattr(solution, "mip_node_count", 0) or 0),
+    }
+    if solution.status == 2:
+        return result("infeasible", solution.message, **solver)
+    if solution.status not in (0, 1):
+        raise RuntimeError(f"HiGHS failed on the rematerialization MILP: {solution.message}")
+    bound = getattr(solution, "mip_dual_bound", None)
+    bound = None if bound is None or not math.isfinite(bound) else float(bound)
+    status = "optimal" if solution.status == 0 else "timeout"
+    if solution.x is None:
+        # HiGHS reports its bound only with a schedule; the LP relaxation's
+        # optimum is a bound too (a weaker one).
+        relaxed = milp(options={k: v for k, v in options.items() if k != "mip_rel_gap"}, **problem)
+        if relaxed.status == 0:
+            bound = max(float(relaxed.fun), baseline)
+        return result(status, solution.message, bound=bound, **solver)
+    computed = [(t, i) for (t, i), var in R.items() if solution.x[var] > 0.5]
+    total = float(sum(graph.costs[i] for _, i in computed))
+    if status == "optimal":
+        bound = total if bound is None else min(bound, total)
+    return result(status, solution.message, total, bound, len(computed) - len(graph), **solver)

@@ -1,0 +1,267 @@
+"""`jdtr.optimal`: Checkmate's rematerialization MILP, checked against exhaustive search.
+
+References: on tiny graphs, a search over every stage schedule (what each
+stage recomputes and keeps) and, for chains, a shortest-path search over
+every sequence of computations and frees; on traces of JAX programs, the
+heuristics' simulated compute, which no schedule may beat the optimum of.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import heapq
+import itertools
+import json
+import math
+import random
+import sys
+
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import jdtr
+from jdtr.cli import main
+from jdtr.simulator import CheckmateGraph, checkmate_graph
+from jdtr.trace import Call, Constant, Mutate, Release, Trace
+
+pytest.importorskip("scipy")
+
+
+def graph_trace(deps, sizes, costs, outputs, constant=8):
+    """A trace computing node k from the nodes `deps[k]` (and a constant), each
+    released after its last use unless it is an output."""
+    users = {i: [k for k, d in enumerate(deps) if i in d] for i in range(len(deps))}
+    records = [Constant("x", constant)]
+    for k, (d, size, cost) in enumerate(zip(deps, sizes, costs)):
+        records.append(Call(f"op{k}", ("x", *(f"n{i}" for i in d)), (f"n{k}",), cost, (size,), (-1,)))
+        for i in (*d, k):
+            if i not in outputs and max(users[i], default=i) == k:
+                records.append(Release(f"n{i}"))
+    return Trace(records)
+
+
+def random_graph(seed, n):
+    rng = random.Random(seed)
+    deps = [tuple(sorted(rng.sample(range(k), rng.randint(1, min(k, 2))))) if k else () for k in range(n)]
+    sizes = [rng.choice([10, 20, 30, 50]) for _ in range(n)]
+    costs = [rng.randint(1, 9) for _ in range(n)]
+    return deps, sizes, costs, {n - 1}
+
+
+# ------------------------------------------------------------ exhaustive searches
+
+
+def stage_search(graph: CheckmateGraph, budget: int) -> float:
+    """The least compute over all stage schedules, by enumeration.
+
+    Stage t computes node t and any subset of the earlier nodes it does not
+    hold, in order, and keeps any subset of what it holds for the next stage.
+    A value leaves memory as soon as nothing later in the stage reads it and
+    it is not kept; constants stay.
+    """
+    n, deps = len(graph), graph.deps
+    outputs = set(graph.outputs)
+    states = {frozenset(): 0.0}  # held entering the stage -> least compute so far
+    for t in range(n):
+        following: dict[frozenset, float] = {}
+        for held, so_far in states.items():
+            spare = [i for i in range(t) if i not in held]
+            for extra in itertools.chain.from_iterable(itertools.combinations(spare, r) for r in range(len(spare) + 1)):
+                computed = (*extra, t)
+                chosen = set(computed)
+                if any(i not in chosen and i not in held for k in computed for i in deps[k]):
+                    continue
+                present = sorted(held | chosen)
+                options = [outputs] if t == n - 1 else map(set, itertools.chain.from_iterable(
+                    itertools.combinations(present, r) for r in range(len(present) + 1)))  # fmt: skip
+                for keep in options:
+                    if not keep <= set(present) or not fits(graph, budget, held, computed, keep):
+                        continue
+                    key = frozenset(keep)
+                    total = so_far + sum(graph.costs[k] for k in computed)
+                    following[key] = min(following.get(key, math.inf), total)
+        states = following
+    return min(states.values(), default=math.inf)
+
+
+def fits(graph, budget, held, computed, keep) -> bool:
+    deps, sizes = graph.deps, graph.sizes
+    later = {i: [k for k in computed if i in deps[k]] for i in range(len(graph))}
+    live = {i for i in held if i in keep or later[i]}
+    memory = graph.constant_bytes + sum(sizes[i] for i in live)
+    for k in computed:
+        memory += sizes[k]
+        if memory > budget:
+            return False
+        live.add(k)
+        for i in list(live):
+            if i not in keep and all(j <= k for j in later[i]):
+                live.remove(i)
+                memory -= sizes[i]
+    return True
+
+
+def path_search(graph: CheckmateGraph, budget: int) -> float:
+    """The least compute over every sequence of computations and frees (Dijkstra).
+
+    First computations in graph order; any computed node may be recomputed
+    whenever its inputs are resident; any resident value may be freed.
+    """
+    n, deps, sizes = len(graph), graph.deps, graph.sizes
+    outputs = frozenset(graph.outputs)
+    start = (frozenset(), 0)
+    queue, done = [(0.0, 0, start)], set()
+    tie = itertools.count(1)
+    while queue:
+        cost, _, state = heapq.heappop(queue)
+        if state in done:
+            continue
+        done.add(state)
+        resident, frontier = state
+        if frontier == n and outputs <= resident:
+            return cost
+        memory = graph.constant_bytes + sum(sizes[i] for i in resident)
+        for k in range(min(frontier + 1, n)):
+            if k not in resident and all(i in resident for i in deps[k]) and memory + sizes[k] <= budget:
+                nxt = (resident | {k}, max(frontier, k + 1))
+                heapq.heappush(queue, (cost + graph.costs[k], next(tie), nxt))
+        for i in resident:
+            heapq.heappush(queue, (cost, next(tie), (resident - {i}, frontier)))
+    return math.inf
+
+
+# ---------------------------------------------------------------------- tests
+
+
+@pytest.mark.parametrize("seed", range(10))
+def test_optimum_equals_the_search_over_stage_schedules(seed):
+    n = 4 + seed % 3
+    deps, sizes, costs, outputs = random_graph(seed, n)
+    trace = graph_trace(deps, sizes, costs, outputs)
+    graph = checkmate_graph(trace.program)
+    assert graph.deps == tuple(deps) and graph.sizes == tuple(sizes) and graph.outputs == tuple(sorted(outputs))
+    peak = graph.unconstrained_peak_bytes()
+    budgets = sorted({graph.required_bytes(), (graph.required_bytes() + peak) // 2, peak, peak - 10})
+    for budget in budgets:
+        expected = stage_search(graph, budget)
+        result = jdtr.optimal(trace, budget, rel_gap=0.0)
+        if math.isinf(expected):
+            assert result.status == "infeasible" and result.total_cost is None, budget
+            continue
+        assert result.status == "optimal", (budget, result.message)
+        assert result.total_cost == expected and result.bound == pytest.approx(expected)
+        assert result.overhead == expected / sum(costs)
+    assert jdtr.optimal(trace, peak).recomputations == 0
+
+
+def chain_trace(layers, seed):
+    """Forward f1..fL, backward gL..g1 with g_k reading g_(k+1) and f_(k-1): Theorem 3.1's chain."""
+    rng = random.Random(seed)
+    deps = [(k - 1,) if k else () for k in range(layers)]  # forward
+    for k in reversed(range(layers)):  # backward: node layers + (layers - 1 - k) is g_k
+        prev_grad = len(deps) - 1
+        deps.append((prev_grad,) if k == 0 else tuple(sorted({prev_grad, k - 1})))
+    sizes = [rng.choice([10, 20, 30]) for _ in deps]
+    costs = [rng.randint(1, 9) for _ in deps]
+    return graph_trace(deps, sizes, costs, {len(deps) - 1})
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_optimum_on_chains_equals_the_search_over_all_schedules(seed):
+    trace = chain_trace(4, seed)  # 8 operators
+    graph = checkmate_graph(trace.program)
+    peak = graph.unconstrained_peak_bytes()
+    for budget in range(graph.required_bytes() - 10, peak + 11, 10):
+        expected = path_search(graph, budget)
+        result = jdtr.optimal(trace, budget, rel_gap=0.0)
+        if math.isinf(expected):
+            assert result.status == "infeasible", budget
+        else:
+            assert result.status == "optimal" and result.total_cost == expected, budget
+    assert expected == trace.program.compute_cost  # at the unconstrained peak: no recomputation
+
+
+def test_graph_of_views_and_multi_output_calls():
+    trace = Trace([
+        Constant("w", 4),
+        Call("split", ("w",), ("a", "b"), 10, (8, 16), (-1, -1)),  # two storages, one call
+        Call("view", ("b",), ("v",), 2, (16,), (0,)),  # a view of b: no storage of its own
+        Call("use", ("v", "a"), ("c",), 6, (8,), (-1,)),
+        Mutate("add_", ("c",), (0,), 4),  # copy-on-write: a fresh 8-byte node
+        Release("a"), Release("b"), Release("v"),
+    ])  # fmt: skip
+    graph = checkmate_graph(trace.program)
+    assert graph.names == ("a", "b", "v", "c", "c$")
+    assert graph.sizes == (8, 16, 0, 8, 8) and graph.costs == (5, 5, 2, 6, 4)
+    assert graph.deps == ((), (), (1,), (0, 1, 2), (3,))  # reading the view reads b's storage too
+    assert graph.outputs == (4,) and graph.constant_bytes == 4
+    result = jdtr.optimal(trace, 1.0, rel_gap=0.0)
+    assert result.status == "optimal" and result.total_cost == result.baseline_cost == 22
+
+
+def mlp_loss(params, x):  # jdtr.models.mlp_chain's loss
+    for w in params:
+        x = jnp.tanh(x @ w)
+    return jnp.mean(x**2)
+
+
+@pytest.fixture(scope="module")
+def mlp_trace():
+    rng = np.random.default_rng(0)
+    params = [rng.standard_normal((16, 16), np.float32) / 4 for _ in range(2)]
+    return jdtr.trace(mlp_loss, params, rng.standard_normal((64, 16), np.float32))
+
+
+def test_optimum_bounds_every_heuristic_on_a_jax_trace(mlp_trace):
+    graph = checkmate_graph(mlp_trace.program)
+    assert 20 <= len(graph) <= 40
+    full = jdtr.optimal(mlp_trace, graph.unconstrained_peak_bytes(), rel_gap=0.0)
+    assert full.status == "optimal" and full.total_cost == full.baseline_cost == mlp_trace.program.compute_cost
+    assert full.recomputations == 0 and full.overhead == 1.0
+    assert full.variables > 0 and full.constraints > 0 and "HiGHS" in full.solver
+    tighter = jdtr.optimal(mlp_trace, graph.unconstrained_peak_bytes() - 1, rel_gap=0.0)
+    assert tighter.status == "optimal" and tighter.total_cost > tighter.baseline_cost
+    compared = 0
+    for ratio in (0.9, 0.8, 0.7):
+        best = jdtr.optimal(mlp_trace, ratio, rel_gap=0.0)
+        for heuristic in sorted(jdtr.HEURISTICS):
+            sim = jdtr.simulate(mlp_trace, ratio, heuristic, overhead_limit=None)
+            assert best.budget_bytes == sim.budget_bytes
+            if sim.ok:
+                assert best.status == "optimal"
+                assert best.total_cost <= sim.baseline_cost + sim.remat_cost + 1e-6, (ratio, heuristic)
+                compared += 1
+    assert compared >= 10
+    assert jdtr.optimal(mlp_trace, graph.required_bytes() - 1).status == "infeasible"
+
+
+def test_time_limit_reports_a_timeout_with_a_bound(mlp_trace):
+    result = jdtr.optimal(mlp_trace, 0.8, time_limit=0.0)
+    assert result.status == "timeout" and result.variables > 0
+    optimum = jdtr.optimal(mlp_trace, 0.8).total_cost
+    assert result.bound is None or result.baseline_cost <= result.bound <= optimum + 1e-6
+    if result.ok:
+        assert result.total_cost >= optimum
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        result.status = "optimal"
+
+
+def test_missing_scipy_names_the_fix(monkeypatch, mlp_trace):
+    monkeypatch.setitem(sys.modules, "scipy.optimize", None)  # `import scipy.optimize` now fails
+    with pytest.raises(ImportError, match="pip install scipy"):
+        jdtr.optimal(mlp_trace, 0.5)
+
+
+def test_command_line(capsys, tmp_path):
+    path = tmp_path / "chain.log"
+    trace = chain_trace(3, 0)
+    trace.to_log(path)
+    graph = checkmate_graph(trace.program)
+    budget = (graph.required_bytes() + graph.unconstrained_peak_bytes()) // 2
+    assert main(["optimal", str(path), "--budget", f"{budget}B", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    expected = jdtr.optimal(trace, budget)
+    assert out["status"] == expected.status == "optimal" and out["total_cost"] == expected.total_cost
+    assert main(["optimal", str(path), "--budget", f"{graph.required_bytes() - 1}B"]) == 0
+    assert "infeasible, no schedule fits" in capsys.readouterr().out
