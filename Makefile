@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test bench clean
+.PHONY: demo test fuzz bench clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -17,6 +17,13 @@ demo: $(STAMP)
 
 test: $(STAMP)
 	$(PY) -m pytest -n 2 tests
+
+# The property tests at length: FUZZ_EXAMPLES random programs per test (each
+# run under every heuristic); see docs/robustness.md.
+FUZZ_EXAMPLES ?= 2000
+fuzz: $(STAMP)
+	JDTR_HYPOTHESIS_PROFILE=fuzz JDTR_FUZZ_EXAMPLES=$(FUZZ_EXAMPLES) \
+		$(PY) -m pytest -n 2 tests/test_properties.py -k match_jax --hypothesis-show-statistics
 
 bench: $(STAMP)
 	$(PY) benchmarks/grad_benchmark.py --output docs/benchmarks.md

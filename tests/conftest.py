@@ -1,0 +1,33 @@
+"""Hypothesis profiles for the property tests (tests/test_properties.py).
+
+"ci" (the default) is deterministic and short, so `make test` is
+reproducible; "fuzz" draws thousands of random programs (`make fuzz`).
+Select one with JDTR_HYPOTHESIS_PROFILE; JDTR_FUZZ_EXAMPLES sets how many
+examples each property test draws under "fuzz".
+"""
+
+from __future__ import annotations
+
+import os
+
+from hypothesis import HealthCheck, settings
+
+_SLOW_IS_FINE = [HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.filter_too_much]
+
+settings.register_profile(
+    "ci",
+    max_examples=8,
+    derandomize=True,
+    deadline=None,
+    database=None,
+    print_blob=True,
+    suppress_health_check=_SLOW_IS_FINE,
+)
+settings.register_profile(
+    "fuzz",
+    max_examples=int(os.environ.get("JDTR_FUZZ_EXAMPLES", "2000")),
+    deadline=None,
+    print_blob=True,
+    suppress_health_check=_SLOW_IS_FINE,
+)
+settings.load_profile(os.environ.get("JDTR_HYPOTHESIS_PROFILE", "ci"))
