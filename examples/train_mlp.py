@@ -11,32 +11,12 @@ against `jax.grad`.
 from __future__ import annotations
 
 import argparse
-import sys
-import time
 
 import jax
 import jax.numpy as jnp
-import numpy as np
+from _common import BudgetMeter, Progress, add_budget_argument  # examples/_common.py
 
 import jdtr
-from jdtr.runtime import format_bytes
-
-
-def progress(step: int, total: int, loss: float, start: float) -> None:
-    width = 30
-    done = int(width * step / total)
-    rate = step / max(time.perf_counter() - start, 1e-9)
-    sys.stderr.write(f"\r[{'#' * done}{'.' * (width - done)}] {step}/{total} loss {loss:.4f} {rate:.1f} steps/s")
-    if step == total:
-        sys.stderr.write("\n")
-    sys.stderr.flush()
-
-
-def parse_budget(text: str):
-    try:
-        return float(text)
-    except ValueError:
-        return text
 
 
 def init_mlp(key, layers: int, width: int, features: int):
@@ -62,7 +42,7 @@ def loss_fn(params, batch):
 
 def main(argv=None) -> float:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--budget", type=parse_budget, default=0.4, help="fraction of the unconstrained peak, or bytes like '64MiB'")
+    add_budget_argument(parser, 0.4)
     parser.add_argument("--steps", type=int, default=60)
     parser.add_argument("--layers", type=int, default=24)
     parser.add_argument("--width", type=int, default=128)
@@ -81,8 +61,7 @@ def main(argv=None) -> float:
     step_fn = jdtr.value_and_grad(loss_fn, budget=args.budget, heuristic=args.heuristic, return_stats=True)
     sgd = jax.jit(lambda p, g: jax.tree_util.tree_map(lambda a, b: a - args.lr * b, p, g))
 
-    worst_error, peak, overheads, stats = None, 0, [], None
-    start = time.perf_counter()
+    worst_error, meter, progress = None, BudgetMeter(), Progress(args.steps)
     loss = float("nan")
     for step in range(1, args.steps + 1):
         k_data, k = jax.random.split(k_data)
@@ -98,17 +77,10 @@ def main(argv=None) -> float:
             del reference
         params = sgd(params, grads)
         loss = float(loss_value)
-        peak = max(peak, stats.peak_bytes)
-        overheads.append(stats.overhead)
-        progress(step, args.steps, loss, start)
+        meter.add(stats)
+        progress(step, loss=loss)
 
-    assert stats is not None and peak <= stats.budget_bytes
-    print(
-        f"peak {format_bytes(peak)} <= budget {format_bytes(stats.budget_bytes)} "
-        f"(unconstrained {format_bytes(stats.unconstrained_peak_bytes)}), "
-        f"overhead {np.median(overheads):.3f}x ({stats.evictions} evictions, {stats.rematerializations} rematerializations per step), "
-        f"final loss {loss:.4f}, max |jdtr - jax.grad| = {worst_error:.2e}"
-    )
+    print(f"{meter.report()}, final loss {loss:.4f}, max |jdtr - jax.grad| = {worst_error:.2e}")
     return loss
 
 

@@ -1,0 +1,264 @@
+"""Pictures of one run: which values were resident when (the paper's Figure 5), and memory over time.
+
+Both read a `jdtr.Stats` recorded with `timeline=True`:
+
+    grads, stats = jdtr.grad(loss, budget=0.4, return_stats=True, timeline=True)(params, batch)
+    jdtr.plot.timeline(stats)   # one row per value, one column per operator run
+    jdtr.plot.memory(stats)     # bytes held after every residency change, against the budget
+
+The x axis counts *steps*: operator runs in order, first computations and
+rematerializations alike. matplotlib is imported inside the drawing
+functions only; `residency` and `find_backward_start` need numpy alone.
+
+Forward values and gradient-side values. A `jdtr.grad` program is the
+value-and-grad of the loss: the forward pass ends with the loss, then the
+backward pass computes the gradients. The loss is an output, so once
+computed it stays referenced, and being a scalar it is (practically) never
+evicted. `find_backward_start` therefore takes the step that computed the first
+value which stays resident from its computation to the end of the run (the
+first output the program produces), and puts the backward pass after it.
+Values first computed up to that step are forward values, the others
+gradient-side values. This needs eager deallocation (the default), so that
+dead values leave memory when they die; and outputs computed before the
+loss (auxiliary data such as updated BatchNorm statistics) move the
+boundary earlier. Pass `backward_start=` explicitly in those cases.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Optional
+
+import numpy as np
+
+from .runtime.errors import format_bytes
+from .runtime.observer import TimelineEvent
+from .stats import Stats
+
+__all__ = ["Interval", "Residency", "find_backward_start", "memory", "residency", "timeline"]
+
+_ARRIVALS = ("compute", "rematerialize")
+_DEPARTURES = ("evict", "dealloc", "banish")
+
+NOT_RESIDENT, FORWARD, GRADIENT = 0, 1, 2  # the cells of `Residency.matrix`
+
+
+@dataclass(frozen=True)
+class Interval:
+    """One stretch of time a value's storage spent in memory.
+
+    Attributes:
+      storage_id: the runtime's storage.
+      size: its bytes.
+      start: the step whose operator made it resident (a first computation or a rematerialization).
+      stop: one past the last step it was resident: it left after step `stop - 1` (evicted to make
+        room for step `stop`, or freed when it died then), or `stop` is `steps + 1` if it stayed.
+      rematerialized: it became resident by a rematerialization.
+      end: how it left: "evict" (chosen by the heuristic), "dealloc" (dead, eager eviction),
+        "banish", or "end" (still resident when the run finished).
+      backward: it is a gradient-side value (first computed in the backward pass).
+    """
+
+    storage_id: int
+    size: int
+    start: int
+    stop: int
+    rematerialized: bool
+    end: str
+    backward: bool
+
+
+@dataclass(frozen=True)
+class Residency:
+    """Every residency interval of a run, with one row per storage.
+
+    Attributes:
+      storage_ids: the rows, in the order the storages were first computed.
+      intervals: all intervals, in the order they began.
+      steps: the number of operator runs.
+      backward_start: the first step of the backward pass (None: unknown).
+    """
+
+    storage_ids: tuple[int, ...]
+    intervals: tuple[Interval, ...]
+    steps: int
+    backward_start: Optional[int]
+
+    def matrix(self) -> np.ndarray:
+        """rows x steps: `FORWARD` (1) or `GRADIENT` (2) where resident, else `NOT_RESIDENT` (0).
+
+        Column j is step j + 1; a row holds the storage `storage_ids[row]`.
+        """
+        row = {sid: i for i, sid in enumerate(self.storage_ids)}
+        out = np.zeros((len(self.storage_ids), self.steps), np.uint8)
+        for interval in self.intervals:
+            out[row[interval.storage_id], interval.start - 1 : interval.stop - 1] = GRADIENT if interval.backward else FORWARD
+        return out
+
+
+def _events(stats: Stats) -> tuple[TimelineEvent, ...]:
+    if stats.timeline is None:
+        raise ValueError("these stats have no timeline: pass timeline=True to jdtr.grad / jdtr.value_and_grad")
+    return stats.timeline
+
+
+def find_backward_start(stats: Stats) -> Optional[int]:
+    """The first step of the backward pass, by the criterion of this module's docstring.
+
+    Returns None when it cannot be told: deallocation was not eager, or no
+    value stayed resident from its computation to the end.
+    """
+    events = _events(stats)
+    if stats.dealloc != "eager":
+        return None
+    history: dict[int, list[str]] = {}
+    for event in events:
+        history.setdefault(event.storage_id, []).append(event.kind)
+    first_step: dict[int, int] = {}
+    for event in events:
+        first_step.setdefault(event.storage_id, event.step)
+    stayed = [sid for sid, kinds in history.items() if kinds == ["compute"]]
+    if not stayed:
+        return None
+    return min(first_step[sid] for sid in stayed) + 1
+
+
+def residency(stats: Stats, backward_start: Optional[int] = None) -> Residency:
+    """The residency intervals of a run recorded with `timeline=True`.
+
+    Args:
+      stats: the run's `jdtr.Stats`.
+      backward_start: the first step of the backward pass; by default found
+        by `jdtr.plot.find_backward_start`. Values first computed before it are
+        forward values.
+    """
+    events = _events(stats)
+    boundary = find_backward_start(stats) if backward_start is None else backward_start
+    steps = max((e.step for e in events), default=0)
+    first_step: dict[int, int] = {}
+    open_since: dict[int, TimelineEvent] = {}
+    intervals: list[Interval] = []
+
+    def close(arrival: TimelineEvent, stop: int, end: str) -> None:
+        created = first_step[arrival.storage_id]
+        intervals.append(
+            Interval(
+                storage_id=arrival.storage_id,
+                size=arrival.size,
+                start=arrival.step,
+                stop=stop,
+                rematerialized=arrival.kind == "rematerialize",
+                end=end,
+                backward=boundary is not None and created >= boundary,
+            )
+        )
+
+    for event in events:
+        if event.kind in _ARRIVALS:
+            first_step.setdefault(event.storage_id, event.step)
+            if event.storage_id not in open_since:  # a multi-output replay may re-announce a resident storage
+                open_since[event.storage_id] = event
+        elif event.kind in _DEPARTURES:
+            arrival = open_since.pop(event.storage_id, None)
+            if arrival is not None:
+                close(arrival, event.step + 1, event.kind)
+        else:
+            raise ValueError(f"unknown timeline event kind {event.kind!r}")
+    for arrival in open_since.values():
+        close(arrival, steps + 1, "end")
+    intervals.sort(key=lambda i: (i.start, first_step[i.storage_id]))
+    rows = tuple(sorted(first_step, key=lambda sid: (first_step[sid], sid)))
+    return Residency(rows, tuple(intervals), steps, boundary)
+
+
+def _byte_unit(nbytes: float) -> tuple[float, str]:
+    for scale, name in ((2**30, "GiB"), (2**20, "MiB"), (2**10, "KiB")):
+        if nbytes >= scale:
+            return float(scale), name
+    return 1.0, "B"
+
+
+def _axes(ax: Any) -> Any:
+    if ax is not None:
+        return ax
+    import matplotlib.pyplot as plt
+
+    return plt.subplots(figsize=(8, 4.5))[1]
+
+
+def timeline(stats: Stats, ax: Any = None, *, backward_start: Optional[int] = None) -> Any:
+    """Draws which values were resident at every step, as the paper's Figure 5.
+
+    One row per storage (in the order they were first computed, top to
+    bottom), one column per step. Black: not resident (not yet computed,
+    evicted or freed); red: a resident forward value; white: a resident
+    gradient-side value. A dashed vertical line marks the start of the
+    backward pass.
+
+    Args:
+      stats: a `jdtr.Stats` recorded with `timeline=True`.
+      ax: matplotlib axes to draw on (default: a new figure).
+      backward_start: see `residency`.
+
+    Returns:
+      The `matplotlib.image.AxesImage`; its array is `residency(...).matrix()`.
+    """
+    from matplotlib.colors import BoundaryNorm, ListedColormap
+    from matplotlib.patches import Patch
+
+    ax = _axes(ax)
+    res = residency(stats, backward_start)
+    colors = ListedColormap(["black", "tab:red", "white"])
+    image = ax.imshow(
+        res.matrix(),
+        cmap=colors,
+        norm=BoundaryNorm([-0.5, 0.5, 1.5, 2.5], colors.N),
+        aspect="auto",
+        interpolation="nearest",
+        extent=(0.5, res.steps + 0.5, len(res.storage_ids) - 0.5, -0.5),
+    )
+    handles = [Patch(facecolor="tab:red", label="forward value"), Patch(facecolor="white", edgecolor="gray", label="gradient-side value")]
+    if res.backward_start is not None:
+        ax.axvline(res.backward_start - 0.5, color="tab:cyan", linestyle="--", linewidth=1.2)
+        handles.append(Patch(facecolor="tab:cyan", label="backward pass begins"))
+    ax.legend(handles=handles, loc="upper right", fontsize="small", framealpha=0.9)
+    ax.set_xlabel("step (operator runs, rematerializations included)")
+    ax.set_ylabel("value (in order of first computation)")
+    ax.set_title(
+        f"budget {format_bytes(stats.budget_bytes)}: {stats.evictions} evictions, "
+        f"{stats.rematerializations} rematerializations",
+        fontsize="medium",
+    )
+    return image
+
+
+def memory(stats: Stats, ax: Any = None, *, backward_start: Optional[int] = None) -> Any:
+    """Draws the bytes held after every residency change, with the budget and the unconstrained peak.
+
+    Args:
+      stats: a `jdtr.Stats` recorded with `timeline=True`.
+      ax: matplotlib axes to draw on (default: a new figure).
+      backward_start: where to mark the backward pass; by default found by
+        `jdtr.plot.find_backward_start`.
+
+    Returns:
+      The `matplotlib.lines.Line2D` of memory: x is each event's step, y its
+      bytes in use after the event (in the unit of the y label).
+    """
+    events = _events(stats)
+    ax = _axes(ax)
+    scale, unit = _byte_unit(max(stats.budget_bytes, stats.unconstrained_peak_bytes))
+    boundary = find_backward_start(stats) if backward_start is None else backward_start
+    (line,) = ax.plot(
+        [e.step for e in events], [e.memory / scale for e in events], color="tab:red", linewidth=1.0, label="held"
+    )
+    ax.axhline(stats.budget_bytes / scale, color="black", linestyle="-", linewidth=1.0, label="budget")
+    ax.axhline(stats.unconstrained_peak_bytes / scale, color="gray", linestyle=":", label="unconstrained peak")
+    if boundary is not None:
+        ax.axvline(boundary - 0.5, color="tab:cyan", linestyle="--", linewidth=1.2, label="backward pass begins")
+    ax.set_xlim(0.5, max((e.step for e in events), default=0) + 0.5)  # the columns of `timeline`
+    ax.set_xlabel("step (operator runs, rematerializations included)")
+    ax.set_ylabel(f"memory ({unit})")
+    ax.set_ylim(bottom=0)
+    ax.legend(loc="center right", fontsize="small")
+    return line
