@@ -279,11 +279,13 @@ it took {minutes:.1f} minutes. Every number below is computed by that script.
   program once in simulation (no buffers, no budget; a `cond` takes its
   largest branch) and logs a `CONSTANT` per argument and constant, a `CALL`
   per equation (sizes of its outputs, `TIME` = the deterministic cost model's
-  seconds in whole ns), a `RELEASE` at each value's last use.
+  seconds in whole ns, the runtime's own unit), a `RELEASE` at each value's
+  last use (not of the arguments, which outlive the call).
   `jdtr.grad(f, log=path)` writes the same log from a real run (the branches
   taken). Replaying such a log under a budget of `b` bytes takes the
-  decisions `jdtr.grad(f, budget=b)` takes (tests/test_trace_capture.py),
-  except where rounding costs to whole nanoseconds flips a near-tie.
+  decisions `jdtr.grad(f, budget=b)` takes, eviction by eviction
+  (tests/test_trace_capture.py, and the property tests on random programs
+  without a `cond`, whose predicate read the format cannot express).
 * **The optimum.** `jdtr.optimal(trace, budget)` solves Checkmate's MILP
   (Jain et al., MLSys 2020) with HiGHS on the trace's linear graph: one node
   per storage a call creates; stage t computes node t for the first time and

@@ -88,7 +88,7 @@ def main(argv=None) -> float:
     parser.add_argument("--width", type=int, default=40)
     parser.add_argument("--depth", type=int, default=2)
     parser.add_argument("--lr", type=float, default=3e-3)
-    parser.add_argument("--heuristic", default="dtr_eq", choices=sorted(jdtr.HEURISTICS))
+    parser.add_argument("--heuristic", default=jdtr.DEFAULT_HEURISTIC, choices=sorted(jdtr.HEURISTICS))
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
 

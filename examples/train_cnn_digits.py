@@ -100,7 +100,7 @@ def main(argv=None) -> float:
     parser.add_argument("--channels", type=int, default=16)
     parser.add_argument("--batch", type=int, default=64)
     parser.add_argument("--lr", type=float, default=3e-3)
-    parser.add_argument("--heuristic", default="dtr_eq", choices=sorted(jdtr.HEURISTICS))
+    parser.add_argument("--heuristic", default=jdtr.DEFAULT_HEURISTIC, choices=sorted(jdtr.HEURISTICS))
     parser.add_argument("--compare", action="store_true", help="also train with plain nnx.value_and_grad and compare")
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)

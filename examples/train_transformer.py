@@ -102,7 +102,7 @@ def main(argv=None) -> float:
     parser.add_argument("--batch", type=int, default=32)
     parser.add_argument("--lr", type=float, default=3e-3)
     parser.add_argument("--sample", type=int, default=120, help="characters to generate after training")
-    parser.add_argument("--heuristic", default="dtr_eq", choices=sorted(jdtr.HEURISTICS))
+    parser.add_argument("--heuristic", default=jdtr.DEFAULT_HEURISTIC, choices=sorted(jdtr.HEURISTICS))
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
 

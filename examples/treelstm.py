@@ -123,7 +123,7 @@ def main(argv=None) -> float:
     parser.add_argument("--embed", type=int, default=32)
     parser.add_argument("--batch", type=int, default=64)
     parser.add_argument("--lr", type=float, default=0.05)
-    parser.add_argument("--heuristic", default="dtr_eq", choices=sorted(jdtr.HEURISTICS))
+    parser.add_argument("--heuristic", default=jdtr.DEFAULT_HEURISTIC, choices=sorted(jdtr.HEURISTICS))
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
 

@@ -11,6 +11,7 @@ simulator; `jdtr.trace` records such a log of a JAX computation, and
 from . import plot as plot
 from .budget import Budget as Budget
 from .budget import parse_budget as parse_budget
+from .runtime import DEFAULT_HEURISTIC as DEFAULT_HEURISTIC
 from .runtime import HEURISTICS as HEURISTICS
 from .runtime import Heuristic as Heuristic
 from .runtime import OutOfBudgetError as OutOfBudgetError
@@ -36,6 +37,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "Budget",
+    "DEFAULT_HEURISTIC",
     "HEURISTICS",
     "Heuristic",
     "LogFormatError",

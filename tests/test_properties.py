@@ -20,6 +20,8 @@ The "ci" hypothesis profile runs a fixed slice; `make fuzz` runs thousands.
 
 from __future__ import annotations
 
+import tempfile
+
 import jax
 import jax.numpy as jnp
 import pytest
@@ -30,7 +32,6 @@ from jax import lax
 import jdtr
 import jdtr.models
 from program_strategies import (
-    ADDRESS_DEPENDENT_HEURISTICS,
     OPERATIONS,
     RECORD,
     check_run,
@@ -69,8 +70,9 @@ def check_program(program, configs):
                                   cost_model=config.cost_model)
             budget = peak if low is None else low + int(config.budget * (peak - low))
             note(f"smallest budget found: {low} bytes of {peak}; running at {budget}")
-        runs.append(check_run(fun, args, expected, budget=budget, heuristic=config.heuristic, dealloc=config.dealloc,
-                              cost_model=config.cost_model, repeat=True, peak=peak, **common))
+        with tempfile.TemporaryDirectory() as log_dir:
+            runs.append(check_run(fun, args, expected, budget=budget, heuristic=config.heuristic, dealloc=config.dealloc,
+                                  cost_model=config.cost_model, repeat=True, peak=peak, log_dir=log_dir, **common))
     return runs
 
 
@@ -146,15 +148,7 @@ def _same_function(loss):
     return lambda params, batch: loss(params, batch)
 
 
-@pytest.mark.parametrize(
-    "heuristic",
-    [
-        pytest.param(h, marks=pytest.mark.skip(reason="known address-dependent tie-breaking, see "
-                                                      "test_regressions.py::test_scores_do_not_depend_on_memory_addresses"))
-        if h in ADDRESS_DEPENDENT_HEURISTICS else h
-        for h in HEURISTICS
-    ],
-)
+@pytest.mark.parametrize("heuristic", sorted(HEURISTICS))
 def test_same_program_same_decisions(heuristic):
     """The default cost model counts flops and bytes, so the same program,
     inputs and budget give the same evictions, replays and timeline: on a
@@ -171,7 +165,7 @@ def test_same_program_same_decisions(heuristic):
     assert evicted >= 2  # the decisions compared are not trivial
 
 
-@pytest.mark.parametrize("heuristic", sorted(ADDRESS_DEPENDENT_HEURISTICS))
+@pytest.mark.parametrize("heuristic", ["msps", "dtr_full"])
 def test_same_decisions_with_exact_costs(heuristic):
     """With integer costs every sum is exact, whatever the order it is taken
     in: the address-dependent heuristics decide alike too."""

@@ -104,7 +104,7 @@ def test_float64_numpy_arguments_become_float32_silently_as_in_jax():
     assert_trees_close(grads, jax.grad(loss)(x, data))
 
 
-# ---------------------------------------------- open in jdtr/runtime (xfail)
+# ------------------------------------- found by the property and fault tests
 
 
 class _AtAddress(Storage):
@@ -135,11 +135,6 @@ def _score_with_evicted_inputs(heuristic, addresses):
     return get_heuristic(heuristic).score(target, now=1.0)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="jdtr/runtime/heuristics.py: MSPS and DTRFull sum costs over a set of storages, whose "
-    "iteration order follows memory addresses; ties then break differently from run to run",
-)
 @pytest.mark.parametrize("heuristic", ["msps", "dtr_full"])
 def test_scores_do_not_depend_on_memory_addresses(heuristic):
     """Found by the property tests: `heuristic="msps"`, `dealloc="ignore"`,
@@ -156,11 +151,6 @@ def test_other_scores_do_not_depend_on_memory_addresses(heuristic):
     assert _score_with_evicted_inputs(heuristic, (1, 2, 3)) == _score_with_evicted_inputs(heuristic, (3, 2, 1))
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="jdtr/runtime: Heuristic.attach(runtime) keeps the last Runtime (its storages, and the buffers "
-    "of its outputs) alive as long as the heuristic instance lives",
-)
 def test_a_heuristic_instance_does_not_keep_buffers_alive():
     """Found by the fault tests. A heuristic passed as an instance lives with
     the caller (`jdtr.grad(f, heuristic=Largest())`), and `attach` stores the

@@ -319,6 +319,12 @@ MALFORMED = {
     "call without results": ([START, *CONST_W, call(["w"], [])], 4, "has no RESULT"),
     "names not strings": ([START, *CONST_W, call(["w", 3], ["a"]), memory("a"), alias("a")], 4,
                           "ARGS must be a tensor name"),
+    "huge size": ([START, line({"INSTRUCTION": "CONSTANT", "NAME": "w"}), memory("w", "9" * 5000)], 3,
+                  "MEMORY is too large \\(5000 digits"),
+    "huge time": ([START, *CONST_W, call(["w"], ["a"], "1" + "0" * 19), memory("a"), alias("a")], 4,
+                  "TIME is too large"),
+    "a call reading its own result (a cycle)": ([START, *CONST_W, call(["a"], ["a"]), memory("a"), alias("a")], 4,
+                                                "argument 'a' is not defined"),
     "code is data": ([START, line({"INSTRUCTION": "CONSTANT", "NAME": "w"}),
                       memory("w", "__import__('os').getpid()")], 3, "MEMORY must be an integer"),
 }  # fmt: skip

@@ -12,7 +12,8 @@ budget of B = 2 ceil(sqrt(N)) units (the budget of the paper's Figure 5)
 plus one unit for the input t_0, which the runtime holds pinned (the proof
 keeps t_0 resident outside the budget). The theorem: h_e* takes O(N)
 operations. Measured max of operations / N over N = 100..10,000 (see
-docs/heuristics.md): h_e* 3.58, h_DTR^eq 3.09; asserted: 4.
+docs/heuristics.md, benchmarks/theorem31.py): h_e* 3.70, h_DTR^eq 3.09;
+asserted: 4.
 """
 
 from __future__ import annotations

@@ -30,7 +30,7 @@ MODELS = {
 }
 # h_DTR^eq is the default. LRU and size read no costs, so whole-nanosecond
 # rounding cannot flip their choices: their replays are exact at any budget.
-HEURISTICS = {"mlp": ("dtr_eq", "lru", "size"), "resnet": ("dtr_eq", "size"), "transformer": ("dtr_eq", "size"),
+HEURISTICS = {"mlp": ("dtr_eq", "lookahead", "lru", "size"), "resnet": ("dtr_eq", "size"), "transformer": ("dtr_eq", "lookahead", "size"),
               "rnn": ("dtr_eq",)}  # fmt: skip
 
 
@@ -51,7 +51,7 @@ def test_simulating_the_trace_takes_the_runs_decisions(name):
     baseline = jdtr.simulate(trace, full.budget_bytes)
     assert decisions(baseline) == decisions(full) == (full.unconstrained_peak_bytes, 0, 0)
     # TIME is the cost model's seconds as whole nanoseconds.
-    assert baseline.baseline_cost == pytest.approx(full.base_cost * 1e9, abs=0.5 * full.equations)
+    assert baseline.baseline_cost == pytest.approx(full.base_cost * 1e9, rel=1e-9)
     remats = 0
     for heuristic in HEURISTICS[name]:
         for ratio in (0.7, 0.5):
@@ -64,7 +64,7 @@ def test_simulating_the_trace_takes_the_runs_decisions(name):
                 continue
             assert simulated.status == "ok"
             assert decisions(simulated) == decisions(stats), (heuristic, ratio)
-            assert simulated.remat_cost == pytest.approx(stats.remat_cost * 1e9, rel=1e-3)
+            assert simulated.remat_cost == pytest.approx(stats.remat_cost * 1e9, rel=1e-9)
             remats += stats.rematerializations
     assert remats > 0  # the budgets did bite
 
@@ -96,7 +96,7 @@ def test_log_records_the_program_as_the_paper_format_says():
     assert [c.name for c in calls] == [eq.name for eq in program.body]
     for call, eq in zip(calls, program.body):
         assert call.memory == tuple(v.nbytes for v in eq.outputs)
-        assert call.time == max(1, round(eq.cost * 1e9)) and call.alias == (-1,) * len(eq.outputs)
+        assert call.time == eq.cost and call.alias == (-1,) * len(eq.outputs)
     names = [n for c in calls for n in c.result] + [r.name for r in records if isinstance(r, Constant)]
     assert len(names) == len(set(names))  # unique tensor names
     # Every value but the outputs is released once, after its last use.
@@ -116,7 +116,7 @@ def test_log_keyword_writes_the_same_log_and_it_round_trips(tmp_path):
     logged = Trace.from_log(path)
     assert logged == jdtr.trace(tiny_loss, params, x)  # the log does not depend on the budget
     assert Trace.from_lines(logged.to_lines()) == logged
-    assert decisions(jdtr.simulate(logged, stats.budget_bytes)) == decisions(stats)
+    assert decisions(jdtr.simulate(logged, stats.budget_bytes, jdtr.DEFAULT_HEURISTIC)) == decisions(stats)
     assert stats.rematerializations > 0
 
     def with_aux(params, x):
@@ -155,5 +155,5 @@ def test_cond_trace_takes_the_largest_branch_and_a_logged_run_the_branch_taken(t
     assert callback.memory == (0,)  # no outputs: one 0-byte result, released at once
     assert Release(callback.result[0]) in logged.records
     assert any(isinstance(r, Copy) for r in logged.records)  # the branch's references to its operands
-    replay = jdtr.simulate(logged, stats.budget_bytes)
+    replay = jdtr.simulate(logged, stats.budget_bytes, jdtr.DEFAULT_HEURISTIC)
     assert replay.status == "ok" and replay.peak_bytes == stats.peak_bytes

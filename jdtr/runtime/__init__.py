@@ -5,6 +5,7 @@ from .errors import format_bytes as format_bytes
 from .graph import Operator as Operator
 from .graph import Storage as Storage
 from .graph import Tensor as Tensor
+from .heuristics import DEFAULT_HEURISTIC as DEFAULT_HEURISTIC
 from .heuristics import HEURISTICS as HEURISTICS
 from .heuristics import Heuristic as Heuristic
 from .heuristics import IndexedHeuristic as IndexedHeuristic
@@ -27,6 +28,7 @@ __all__ = [
     "Backend",
     "Counters",
     "DEALLOC_POLICIES",
+    "DEFAULT_HEURISTIC",
     "HEURISTICS",
     "Heuristic",
     "IndexedHeuristic",

@@ -65,6 +65,12 @@ class Heuristic:
         """A run starts on `runtime` (called by its constructor, after `reset`)."""
         self.runtime = runtime
 
+    def detach(self) -> None:
+        """The run is over (`Runtime.free_all`): drop every reference to it, so
+        that an instance the caller keeps does not keep the run's storages (and
+        their device buffers) alive. The counters stay for the statistics."""
+        self.runtime = None
+
     def score(self, storage: Storage, now: float) -> float:
         raise NotImplementedError
 
@@ -142,6 +148,10 @@ class IndexedHeuristic(Heuristic):
         super().attach(runtime)
         self._pool = runtime.pool
         self._index = self.make_index() if self.indexed and self._evaluate_matches_score() else None
+
+    def detach(self) -> None:
+        super().detach()
+        self._pool, self._index = None, None
 
     @classmethod
     def _evaluate_matches_score(cls) -> bool:
@@ -306,6 +316,10 @@ class _ComponentHeuristic(IndexedHeuristic):
         super().attach(runtime)
         self._frontier: dict[CostSet, list[Storage]] = {}
 
+    def detach(self) -> None:
+        super().detach()
+        self._frontier = {}
+
     def on_evict(self, storage: Storage) -> None:
         node = CostSet(storage.cost)
         storage.heuristic_state = node
@@ -396,7 +410,7 @@ class DTRFull(_ComponentHeuristic):
 
     def score(self, storage: Storage, now: float) -> float:
         neighborhood = evicted_neighborhood(storage, self)
-        cost = storage.cost + sum(s.cost for s in neighborhood)
+        cost = storage.cost + _total_cost(neighborhood)
         return ratio(cost, storage, now)
 
     def make_index(self) -> RatioIndex:
@@ -412,8 +426,14 @@ class DTRFull(_ComponentHeuristic):
         neighborhood, weight = _bounded_neighborhood(storage, self, _cost, _budget(limit * denominator - cost))
         if neighborhood is None:
             return _above(limit, (cost + weight) / denominator), ((cost + weight) / size, storage.last_access)
-        total = cost + sum(s.cost for s in neighborhood)
+        total = cost + _total_cost(neighborhood)
         return ratio(total, storage, now), (total / size, storage.last_access)
+
+
+def _total_cost(storages: Iterable[Storage]) -> float:
+    """The exactly rounded sum of the costs: a set iterates in memory-address
+    order, and a plain float sum would depend on it (and so would ties)."""
+    return math.fsum(s.cost for s in storages)
 
 
 def _cost(s: Storage) -> float:
@@ -501,7 +521,7 @@ class MSPS(_ComponentHeuristic):
         ancestors = _evicted_closure(storage, _deps, self)
         if storage.size <= 0:
             return math.inf
-        return (storage.cost + sum(s.cost for s in ancestors)) / storage.size
+        return (storage.cost + _total_cost(ancestors)) / storage.size
 
     make_index = _order_index
 
@@ -515,7 +535,7 @@ class MSPS(_ComponentHeuristic):
         ancestors, weight = _bounded_neighborhood(storage, self, _cost, _budget(limit * size - cost), ancestors_only=True)
         if ancestors is None:
             return _above(limit, (cost + weight) / size), ((cost + weight) / size,)
-        s = (cost + sum(s.cost for s in ancestors)) / size
+        s = (cost + _total_cost(ancestors)) / size
         return s, (s,)
 
 
@@ -527,7 +547,7 @@ class EStar(_ComponentHeuristic):
     storage of smallest |e*| is evicted, whichever of the tied ones it is;
     ties go to the stalest storage here (a fraction in (0, 1] added to the
     count), which keeps the choice deterministic and in our measurements
-    gives the fewest operations on a linear chain (docs/heuristics.md).
+    gave the fewest operations on a linear chain in our runs.
     """
 
     name = "estar"
@@ -703,6 +723,11 @@ class Sampled(Heuristic):
         self.base.attach(runtime)
         self._members, self._slot = [], {}
 
+    def detach(self) -> None:
+        super().detach()
+        self.base.detach()
+        self._members, self._slot = [], {}
+
     def score(self, storage: Storage, now: float) -> float:
         return self.base.score(storage, now)
 
@@ -747,6 +772,13 @@ class Sampled(Heuristic):
     def __repr__(self) -> str:
         return f"Sampled({self.base!r}, seed={self.seed})"
 
+
+# What `jdtr.grad` uses unless told otherwise. It sees the whole program before
+# running it, so it fills the runtime's `Schedule`, and the lookahead heuristic
+# beat h_DTR^eq on every log we measured (docs/heuristics.md). `jdtr.plan`, the
+# simulator and a bare `Runtime` keep the paper's h_DTR^eq (plans from it fit
+# XLA's compiled memory better; replayed logs are compared with the paper).
+DEFAULT_HEURISTIC = "lookahead"
 
 HEURISTICS: dict[str, type[Heuristic]] = {
     cls.name: cls for cls in (DTRFull, DTREqClass, DTRLocal, LRU, Size, MSPS, EStar, Random, Lookahead)

@@ -437,7 +437,8 @@ class Runtime:
 
     def free_all(self, keep: Sequence[Tensor] = ()) -> None:
         """Frees every buffer the runtime owns except those of `keep`; also
-        after an error, so that nothing leaks."""
+        after an error, so that nothing leaks. Ends the run: the heuristic
+        lets go of it."""
         kept = {t.storage for t in keep}
         for storage in self.storages:
             if storage.resident and storage not in kept and not storage.external:
@@ -450,3 +451,4 @@ class Runtime:
                 storage.resident = False
         for storage in list(self.pool):
             self._pool_remove(storage)
+        self.heuristic.detach()

@@ -18,10 +18,10 @@ from __future__ import annotations
 import math
 import os
 from dataclasses import asdict, dataclass
-from typing import Any, Optional, Union
+from typing import Any, Optional, Sequence, Union
 
 from ..budget import BudgetLike, parse_budget
-from ..runtime import Counters, Heuristic, NullBackend, OutOfBudgetError, Runtime, ThrashError
+from ..runtime import Counters, Heuristic, NullBackend, Observer, OutOfBudgetError, Runtime, ThrashError
 from ..trace import Program, Trace
 from ._replay import replay
 
@@ -122,13 +122,19 @@ def run_budget(
     heuristic: Union[str, Heuristic] = "dtr_eq",
     dealloc: str = "eager",
     overhead_limit: Optional[float] = 2.0,
+    observers: Sequence[Observer] = (),
 ) -> SimResult:
     """One run of `trace` under `budget_bytes`, measured against `baseline`."""
     program = trace.program
     counters = Counters()
     remat_limit = None if overhead_limit is None else baseline.cost * (overhead_limit - 1.0)
     runtime = Runtime(
-        NullBackend(), budget_bytes, heuristic=heuristic, dealloc=dealloc, observers=[counters], remat_limit=remat_limit
+        NullBackend(),
+        budget_bytes,
+        heuristic=heuristic,
+        dealloc=dealloc,
+        observers=[counters, *observers],
+        remat_limit=remat_limit,
     )
     status, message = "ok", None
     try:
@@ -168,6 +174,7 @@ def simulate(
     dealloc: str = "eager",
     *,
     overhead_limit: Optional[float] = 2.0,
+    observers: Sequence[Observer] = (),
 ) -> SimResult:
     """Simulates DTR on an operator log under a memory budget (paper §4, App. C).
 
@@ -185,6 +192,7 @@ def simulate(
       dealloc: "eager", "banish" or "ignore" (App. C.5).
       overhead_limit: a run whose total compute would exceed this multiple of
         the baseline compute is stopped as thrashing; None for no limit.
+      observers: telemetry receivers (`jdtr.runtime.Timeline`, ...) for the run.
 
     Returns:
       A `SimResult`. Running out of memory or thrashing is a result, not an error.
@@ -200,4 +208,4 @@ def simulate(
     trace = as_trace(trace)
     baseline = run_baseline(trace.program)
     budget_bytes = parse_budget(budget).resolve(baseline.peak_bytes)
-    return run_budget(trace, baseline, budget_bytes, heuristic, dealloc, overhead_limit)
+    return run_budget(trace, baseline, budget_bytes, heuristic, dealloc, overhead_limit, observers)

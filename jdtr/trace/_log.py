@@ -40,7 +40,15 @@ def _integer(value: Any, field: str) -> int:
         raise LogFormatError(f'{field} must be a number written as a string (e.g. "1200"), got {value!r}')
     if not _INTEGER.fullmatch(value):
         raise LogFormatError(f"{field} must be an integer, got {value!r}")
+    digits = value.lstrip("+-").lstrip("0")
+    if len(digits) > _MAX_DIGITS:  # before int(): Python refuses over 4,300 digits, and it takes time
+        raise LogFormatError(f"{field} is too large ({len(digits)} digits; at most {_MAX_DIGITS})")
     return int(value)
+
+
+# Sizes in bytes and times in nanoseconds fit in 64 bits (2**63 is 19 digits):
+# 18 digits is 1 EB or 31 years, more than any real operator.
+_MAX_DIGITS = 18
 
 
 def _count(value: Any, field: str) -> int:

@@ -15,10 +15,12 @@ The log a recorder writes:
   "literal<n>");
 * one `CALL` per operator the program runs, each result a new storage
   (`ALIAS -1`) named "v<n>", with its size in bytes and `TIME` the operator's
-  cost times 1e9 (nanoseconds when the cost model counts seconds, as jdtr's
-  do), rounded to an integer of at least 1;
+  cost in the runtime's unit (jdtr's interpreter counts whole nanoseconds),
+  as an integer of at least 1;
 * `COPY` for a new reference (a `cond` branch taking its operands), `RELEASE`
-  for a dropped one (each value's last use);
+  for a dropped one (each value's last use), except for the caller's
+  arguments and the program's constants, which outlive the call (the
+  runtime never frees them; in a replay they are outputs, resident at the end);
 * the outputs: every value still referenced at the end. A replay holds them
   (App. C.6's output condition) in the order their names first appeared,
   the runtime in the program's output order; when the two differ, the log
@@ -39,9 +41,10 @@ from ._records import Annotate, Call, Constant, Copy, CopyFrom, Record, Release
 from ._trace import Trace
 
 
-def nanoseconds(cost: Optional[float]) -> int:
-    """A cost in seconds as a log's `TIME`: nanoseconds, an integer of at least 1."""
-    return max(1, round((cost or 0.0) * 1e9))
+def log_time(cost: Optional[float]) -> int:
+    """A cost in the runtime's unit (nanoseconds for jdtr's interpreter) as a
+    log's `TIME`: an integer of at least 1."""
+    return max(1, round(cost or 0.0))
 
 
 class TraceRecorder:
@@ -65,10 +68,9 @@ class TraceRecorder:
     * Reading a `cond`'s predicate (`get`) is not recorded: the format has no
       plain read. The run stamps the predicate's last access (and, if it was
       evicted, rematerializes it); the replay does not.
-    * Costs are rounded to whole nanoseconds: a heuristic that must choose
-      between two scores closer than that rounding (about 5e-4 relative for
-      jdtr's default costs, which are at least a microsecond) may choose
-      otherwise in a replay.
+    * jdtr's interpreter already counts costs in whole nanoseconds, so the
+      log's `TIME`s are the run's costs exactly, and a replay computes the
+      same scores (and breaks the same ties).
     """
 
     def __init__(self) -> None:
@@ -121,7 +123,7 @@ class TraceRecorder:
         if not outputs:  # the format needs a result: a 0-byte one, dropped at once
             results, memory = [self._new_name("v")], [0]
         alias = [-1 if aliases is None or aliases[i] is None else aliases[i] for i in range(len(results))]
-        self.records.append(Call(name, args, tuple(results), nanoseconds(cost), tuple(memory), tuple(alias)))
+        self.records.append(Call(name, args, tuple(results), log_time(cost), tuple(memory), tuple(alias)))
         if not outputs:
             self.records.append(Release(results[0]))
         return outputs
@@ -132,7 +134,10 @@ class TraceRecorder:
 
     def release(self, tensor: Tensor) -> None:
         self.runtime.release(tensor)
-        self.records.append(Release(self._names[tensor]))
+        if not tensor.storage.external:
+            # The caller's arguments (and jaxpr constants) outlive the call:
+            # the runtime never frees them, so a replay must not either.
+            self.records.append(Release(self._names[tensor]))
 
     # ------------------------------------------------------ forwarded as they are
 

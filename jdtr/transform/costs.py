@@ -68,6 +68,17 @@ class RooflineCostModel:
 
 CostModel = Union[Callable[[OpInfo], float], str, None]
 
+# The runtime counts cost in whole nanoseconds of the cost model's seconds, as
+# the DTR prototype's logs do (`TIME`). Integers add exactly in any order, so a
+# run and the replay of its log (`jdtr.simulate`) compute the same clock, the
+# same scores and the same ties: one runtime, two backends, the same decisions.
+NANOSECOND = 1e-9
+
+
+def nanoseconds(seconds: float) -> float:
+    """A cost in seconds as the runtime's unit: whole nanoseconds, at least 1."""
+    return float(max(1, round(seconds / NANOSECOND)))
+
 
 def check_cost_model(cost_model: CostModel) -> CostModel:
     if cost_model is None or cost_model in (MEASURED, XLA) or (callable(cost_model) and not isinstance(cost_model, str)):

@@ -30,6 +30,7 @@ import numpy as np
 
 from ..budget import Budget, BudgetLike, parse_budget
 from ..runtime import (
+    DEFAULT_HEURISTIC,
     DEALLOC_POLICIES,
     Counters,
     Heuristic,
@@ -42,7 +43,7 @@ from ..runtime import (
 from ..stats import Stats
 from ..trace import Trace, TraceRecorder
 from . import _jax_core
-from .costs import MEASURED, CostModel, check_cost_model
+from .costs import MEASURED, NANOSECOND, CostModel, check_cost_model
 from .interpreter import Interpreter, JaxBackend, LiveArrayCheck
 from .normalize import normalize
 from .program import Cond, Program
@@ -234,10 +235,11 @@ class _ValueAndGrad:
 
     def record(self, args: tuple, kwargs: dict) -> Trace:
         """The log of the program run in simulation, with no budget (`jdtr.trace`)."""
-        traced, inputs, _, _ = self._prepare(args, kwargs)
+        traced, inputs, owned, _ = self._prepare(args, kwargs)
         recorder = TraceRecorder()
         interpreter = Interpreter(Runtime(NullBackend(), math.inf), choose_branch=_largest_branch, recorder=recorder)
-        interpreter.run(traced.program, [None] * len(inputs), [True] * len(inputs))
+        # The caller's arrays are not the run's to free, here as in a real run.
+        interpreter.run(traced.program, [None] * len(inputs), owned)
         return recorder.trace()
 
     def _prepare(self, args: tuple, kwargs: dict):
@@ -324,8 +326,8 @@ class _ValueAndGrad:
             evictions=counters.evictions,
             dealloc_evictions=counters.dealloc_evictions,
             rematerializations=counters.rematerializations,
-            base_cost=counters.base_cost,
-            remat_cost=counters.remat_cost,
+            base_cost=counters.base_cost * NANOSECOND,
+            remat_cost=counters.remat_cost * NANOSECOND,
             overhead=counters.overhead,
             wall_time_s=wall,
             trace_time_s=0.0 if cache_hit else traced.trace_time_s,
@@ -383,7 +385,7 @@ def value_and_grad(
     has_aux: bool = False,
     *,
     budget: BudgetLike = None,
-    heuristic: Union[str, Heuristic] = "dtr_eq",
+    heuristic: Union[str, Heuristic] = DEFAULT_HEURISTIC,
     dealloc: str = "eager",
     cost_model: CostModel = None,
     return_stats: bool = False,
@@ -403,7 +405,9 @@ def value_and_grad(
         the run holds on the device: arguments, constants, intermediates and
         outputs. None means no constraint.
       heuristic: eviction heuristic name (see `jdtr.HEURISTICS`) or a
-        `jdtr.runtime.Heuristic` instance.
+        `jdtr.runtime.Heuristic` instance. The default, "lookahead", is
+        h_DTR^eq with the distance to the next use (known from the traced
+        program) in place of staleness; "dtr_eq" is the paper's.
       dealloc: "eager" (evict dead values), "banish" or "ignore" (App. C.5).
       cost_model: None for flops and bytes counted from shapes on a nominal
         roofline (deterministic), "xla" for XLA's cost analysis of each
@@ -440,7 +444,7 @@ def grad(
     has_aux: bool = False,
     *,
     budget: BudgetLike = None,
-    heuristic: Union[str, Heuristic] = "dtr_eq",
+    heuristic: Union[str, Heuristic] = DEFAULT_HEURISTIC,
     dealloc: str = "eager",
     cost_model: CostModel = None,
     return_stats: bool = False,

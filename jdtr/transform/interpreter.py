@@ -19,6 +19,7 @@ import numpy as np
 from ..runtime import Operator, Runtime, Tensor
 from ..trace import TraceRecorder
 from .program import Cond, Const, Equation, Program, Value
+from .costs import nanoseconds
 
 
 class JaxBackend:
@@ -39,7 +40,7 @@ class JaxBackend:
             start = time.perf_counter()
             outs = fn(*args)
             jax.block_until_ready(outs)
-            elapsed = time.perf_counter() - start
+            elapsed = nanoseconds(time.perf_counter() - start)
         else:
             outs, elapsed = fn(*args), None
         if self.after_compute is not None:

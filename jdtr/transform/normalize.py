@@ -25,7 +25,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from . import _jax_core
-from .costs import MEASURED, XLA, CostModel, RooflineCostModel, count, xla_count
+from .costs import MEASURED, XLA, CostModel, RooflineCostModel, count, nanoseconds, xla_count
 from .executable import Executable, executable, primitive_executable
 from .program import Atom, Cond, Const, Equation, Item, Program, Value, liveness
 
@@ -96,10 +96,10 @@ class _Normalizer:
         if self.cost_model == XLA:
             if exe.info is None:
                 exe.info = xla_count(exe.jitted, name, args, outputs, nbytes)
-            return RooflineCostModel()(exe.info)
+            return nanoseconds(RooflineCostModel()(exe.info))
         info = count(name, params, args, outputs, nbytes)
         model = self.cost_model if self.cost_model is not None else RooflineCostModel()
-        return float(model(info))
+        return nanoseconds(float(model(info)))
 
     def emit_fn(self, body: list[Item], name: str, key: tuple, fn: Callable, inputs: Sequence[Value], out_aval: Any) -> Value:
         """A synthetic single-output equation (stacking, indexing)."""
