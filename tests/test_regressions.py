@@ -86,6 +86,36 @@ def test_branch_returning_a_literal_fits_the_default_budget():
         run_unconstrained(loss, x)
 
 
+@pytest.mark.parametrize("dealloc", ["eager", "banish"])
+def test_literal_cond_operand_kept_for_the_backward_pass_fits_the_default_budget(dealloc):
+    """Found by `make fuzz` (seed 2 of the long run). A Python `2.0` operand
+    of a cond became a float64 `constant` (numpy's dtype for the value, not
+    the literal's float32); the branch that returns it as a residual for the
+    backward pass handed the 8-byte buffer on as a 4-byte value, so the
+    unconstrained peak undercounted by 4 bytes and budget 1.0 evicted.
+    Fixed in normalize.py: literals keep their jaxpr dtype."""
+
+    def loss(p, q):  # the program hypothesis found, as it wrote it
+        a1, a2, a3 = p["k0"][0][0], p["k0"][0][1], p["k0"][1]
+        v4 = jnp.tanh(a1)
+        v5 = jnp.where(a3 > 3, a3, 0.5 * 3)
+        v7 = lax.cond(jnp.sum(v4) > 0.0, lambda u, s: jax.scipy.special.erf(u) * s, lambda u, s: u - s * a2, v4, 2.0)
+        v9 = a1 @ q
+        w = lambda n, shape: np.linspace(-1.0, 1.0, n, dtype=np.float32).reshape(shape)  # noqa: E731
+        return (jnp.sum(a2 * w(1, ())) + jnp.sum(v4 * w(3, (3, 1))) + jnp.sum(v5 * w(2, (2, 1, 1)))
+                + jnp.sum(jnp.tanh(v4) * w(3, (3, 1))) + jnp.sum(v7 * w(3, (3, 1))) + jnp.sum(q * w(2, (1, 2)))
+                + jnp.sum(v9 * w(6, (3, 2))))
+
+    a1 = np.array([[0.0824943], [-0.4644184], [0.05051506]], np.float32)
+    a3 = jnp.array([[[-1.7567905]], [[1.6844316]]], jnp.float32)
+    q = jnp.array([[-0.45784283, -0.5964201]], jnp.float32)
+    for sign in (1.0, -1.0):  # both branches
+        p = {"k0": ((sign * a1, 0.6862308382987976, None), a3), "unused": None}
+        grads, stats = jdtr.grad(loss, return_stats=True, debug=True, dealloc=dealloc)(p, q)
+        assert_trees_close(grads, jax.grad(loss)(p, q))
+        assert stats.evictions == 0 and stats.rematerializations == 0, stats.summary()
+
+
 def test_float64_numpy_arguments_become_float32_silently_as_in_jax():
     """Found writing the bad-input tests: a float64 NumPy argument (what
     `np.ones(3)` makes) emitted "Explicitly requested dtype float64 ... will

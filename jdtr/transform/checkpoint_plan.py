@@ -100,10 +100,25 @@ class Segment:
     outputs: tuple[Value, ...]  # values later segments or the result read
     saved: tuple[Value, ...]  # values inside it kept for the backward pass
     recomputed: tuple[Value, ...]  # values inside it the backward pass recomputes
+    # Nested checkpoints, in forward order (empty for a leaf). A segment with
+    # children saves nothing but its inputs; when the backward pass reaches
+    # it, it is run forward again, its children keep their own inputs and
+    # saved values, and then each child recomputes itself in turn.
+    children: tuple["Segment", ...] = ()
 
     @property
     def policy(self) -> SavePolicy:
         return SavePolicy(frozenset(NAME_PREFIX + str(v.id) for v in self.saved))
+
+    @property
+    def depth(self) -> int:
+        """Levels of nesting: 1 for a leaf."""
+        return 1 + max((c.depth for c in self.children), default=0)
+
+    def leaves(self) -> tuple["Segment", ...]:
+        if not self.children:
+            return (self,)
+        return tuple(leaf for c in self.children for leaf in c.leaves())
 
 
 @dataclass(frozen=True, eq=False)
@@ -133,7 +148,7 @@ class Plan:
 
     @functools.cached_property
     def policy(self) -> SavePolicy:
-        names = frozenset(NAME_PREFIX + str(v.id) for s in self.segments for v in s.saved)
+        names = frozenset(NAME_PREFIX + str(v.id) for s in self.segments for leaf in s.leaves() for v in leaf.saved)
         signatures = set()
         for item in self.program.body:
             if isinstance(item, Equation) and any(v in self.saved for v in item.outputs):
@@ -174,17 +189,26 @@ class Plan:
             )
         producer = {v: item for item in self.program.body if isinstance(item, Equation) for v in item.outputs}
         total_in = total_saved = total_recomputed = 0
-        for seg in self.segments:
+
+        def describe(seg: Segment, indent: str) -> None:
             nin, nsaved, nrec = (sum(v.nbytes for v in vs) for vs in (seg.inputs, seg.saved, seg.recomputed))
-            total_in, total_saved, total_recomputed = total_in + nin, total_saved + nsaved, total_recomputed + nrec
+            nested = f", {len(seg.children)} nested segments" if seg.children else ""
             lines.append(
-                f"segment {seg.index}: equations {seg.start}..{seg.stop - 1}, inputs {format_bytes(nin)}, "
-                f"saved {format_bytes(nsaved)}, recomputed {format_bytes(nrec)}"
+                f"{indent}segment {seg.index}: equations {seg.start}..{seg.stop - 1}, inputs {format_bytes(nin)}, "
+                f"saved {format_bytes(nsaved)}, recomputed {format_bytes(nrec)}{nested}"
             )
             for v in seg.saved:
                 item = producer.get(v)
                 where = f"{item.name} at {item.source}" if item is not None else "input"
-                lines.append(f"  {v.dtype}{list(v.shape)} saved: output of {where}")
+                lines.append(f"{indent}  {v.dtype}{list(v.shape)} saved: output of {where}")
+            for child in seg.children:
+                describe(child, indent + "  ")
+
+        for seg in self.segments:
+            total_in += sum(v.nbytes for v in seg.inputs)
+            total_saved += sum(v.nbytes for leaf in seg.leaves() for v in leaf.saved)
+            total_recomputed += sum(v.nbytes for v in seg.recomputed)
+            describe(seg, "")
         lines.append(
             f"total: segment inputs {format_bytes(total_in)}, saved inside segments {format_bytes(total_saved)}, "
             f"recomputed {format_bytes(total_recomputed)}"
@@ -258,8 +282,13 @@ def _forward_program(fun, treedef, specs):
 
 
 def _is_float(v: Value) -> bool:
+    return _is_float_dtype(v.dtype)
+
+
+@functools.lru_cache(maxsize=None)
+def _is_float_dtype(dtype) -> bool:
     try:
-        return bool(jnp.issubdtype(v.dtype, jnp.inexact))
+        return bool(jnp.issubdtype(dtype, jnp.inexact))
     except TypeError:  # extended dtypes (PRNG keys)
         return False
 
@@ -387,7 +416,9 @@ def _cut_positions(program: Program, crossings: _Crossings, saved: set, residual
     body = program.body
     n = len(body)
     cuts = [i for i in range(1, n) if all(_free_to_cross(v, saved) for v in crossings.live[i])]
-    extra = lambda i: sum(v.nbytes for v in crossings.live[i] if not _free_to_cross(v, saved))  # noqa: E731
+    extra = functools.lru_cache(maxsize=None)(
+        lambda i: sum(v.nbytes for v in crossings.live[i] if not _free_to_cross(v, saved))
+    )
     result, bounds = [], [0, *cuts, n]
     for start, stop in zip(bounds[:-1], bounds[1:]):
         last, acc = start, 0.0
@@ -403,15 +434,18 @@ def _cut_positions(program: Program, crossings: _Crossings, saved: set, residual
     return sorted(set(result))
 
 
-def _build_segments(
-    program: Program, crossings: _Crossings, saved: set, residuals: set, cuts: Sequence[int]
-) -> tuple[Segment, ...]:
-    body = program.body
-    bounds = [0, *cuts, len(body)]
-    segments = []
-    for start, stop in zip(bounds[:-1], bounds[1:]):
-        if start == stop:
-            continue
+def _segment(
+    program: Program, crossings: _Crossings, saved: set, residuals: set, start: int, stop: int,
+    index: int, children: tuple = (), memo: Optional[dict] = None,
+) -> Segment:
+    """The segment of equations [start, stop); with `children`, a segment that
+    saves nothing inside and nests them. `memo` caches the value lists of
+    ranges already seen (the nesting search builds the same groups often)."""
+    key = (start, stop, bool(children))
+    if memo is not None and key in memo:
+        fields = memo[key]
+    else:
+        body = program.body
         inside = [v for item in body[start:stop] for v in item.outputs]
         inside_set = set(inside)
         reads = []
@@ -420,31 +454,108 @@ def _build_segments(
                 if v not in inside_set and v not in reads:
                     reads.append(v)
         leaving = tuple(v for v in inside if crossings.last_use.get(v, -1) >= stop)
-        segments.append(
-            Segment(
-                index=len(segments),
-                start=start,
-                stop=stop,
-                inputs=tuple(reads),
-                outputs=leaving,
-                saved=tuple(v for v in inside if v in saved and v not in leaving),
-                recomputed=tuple(v for v in inside if v not in saved and v not in leaving and v in residuals),
-            )
+        kept = set() if children else saved
+        fields = (
+            tuple(reads),
+            leaving,
+            tuple(v for v in inside if v in kept and v not in leaving),
+            tuple(v for v in inside if v not in kept and v not in leaving and v in residuals),
         )
+        if memo is not None:
+            memo[key] = fields
+    inputs, outputs, kept_inside, recomputed = fields
+    return Segment(index, start, stop, inputs, outputs, kept_inside, recomputed, tuple(children))
+
+
+def _build_segments(
+    program: Program, crossings: _Crossings, saved: set, residuals: set, cuts: Sequence[int]
+) -> tuple[Segment, ...]:
+    bounds = [0, *cuts, len(program.body)]
+    segments = []
+    for start, stop in zip(bounds[:-1], bounds[1:]):
+        if start < stop:
+            segments.append(_segment(program, crossings, saved, residuals, start, stop, len(segments)))
     return tuple(segments)
+
+
+def _nest(
+    program: Program, crossings: _Crossings, saved: set, residuals: set, leaves: Sequence[Segment],
+    depth: int, branching: int, memo: Optional[dict] = None,
+) -> tuple[Segment, ...]:
+    """Groups consecutive `leaves` into a tree of `depth` levels in which every
+    segment holds `branching` segments of the level below (the last fewer)."""
+    level = tuple(leaves)
+    for _ in range(depth - 1):
+        groups = [level[i : i + branching] for i in range(0, len(level), branching)]
+        if len(groups) == len(level):
+            break
+        level = tuple(
+            g[0] if len(g) == 1 else _segment(program, crossings, saved, residuals, g[0].start, g[-1].stop, 0, g, memo)
+            for g in groups
+        )
+    return tuple(dataclasses.replace(seg, index=i) for i, seg in enumerate(level))
+
+
+def _fixed_bytes(program: Program, gradient_bytes: int) -> int:
+    return sum(v.nbytes for v in program.inputs) + sum(v.nbytes for v, _ in program.consts) + gradient_bytes
+
+
+def _transient_bytes(seg: Segment, kept: frozenset) -> int:
+    """What a segment's backward pass holds beyond the values kept for the
+    whole step: its recomputed values, or, with children, their inputs and
+    saved values and then the largest child's own."""
+    if not seg.children:
+        return sum(v.nbytes for v in seg.recomputed)
+    inner = {v for c in seg.children for v in (*c.inputs, *c.saved)} - kept - set(seg.inputs)
+    nested = kept | inner
+    return sum(v.nbytes for v in inner) + max(_transient_bytes(c, nested) for c in seg.children)
 
 
 def _predicted_bytes(program: Program, segments: Sequence[Segment], gradient_bytes: int) -> int:
     """A model of the compiled step: arguments and gradients, every value kept
-    for the backward pass, and the largest single segment's recomputation."""
-    fixed = sum(v.nbytes for v in program.inputs) + sum(v.nbytes for v, _ in program.consts) + gradient_bytes
-    kept = {v for s in segments for v in (*s.inputs, *s.saved) if v not in program.inputs}
-    recompute = max((sum(v.nbytes for v in s.recomputed) for s in segments), default=0)
-    return fixed + sum(v.nbytes for v in kept) + recompute
+    for the backward pass, and the largest segment's transient values."""
+    kept = frozenset(v for s in segments for v in (*s.inputs, *s.saved) if v not in program.inputs)
+    base = frozenset(program.inputs) | kept
+    transient = max((_transient_bytes(s, base) for s in segments), default=0)
+    return _fixed_bytes(program, gradient_bytes) + sum(v.nbytes for v in kept) + transient
+
+
+def _recompute_cost(program: Program, seg: Segment) -> float:
+    """Compute the backward pass spends re-running `seg`: a leaf recomputes
+    what it did not save; a segment with children runs forward again first."""
+    if not seg.children:
+        recomputed = set(seg.recomputed)
+        items = program.body[seg.start : seg.stop]
+        return sum(_item_cost(item) for item in items if any(v in recomputed for v in item.outputs))
+    again = sum(_item_cost(item) for item in program.body[seg.start : seg.stop])
+    return again + sum(_recompute_cost(program, c) for c in seg.children)
+
+
+def _item_cost(item) -> float:
+    if isinstance(item, Equation):
+        return item.cost if item.cost is not None else 1.0
+    return 1.0
+
+
+def _branchings(count: int, depth: int) -> list[int]:
+    """Branching factors worth trying for `count` leaves at `depth` levels:
+    those that change the number of top-level segments."""
+    if depth == 1 or count < 4:
+        return [count]
+    found, tops_seen = [], set()
+    for b in range(2, count):
+        if b ** (depth - 2) * 2 > count:  # the level below the top would hold everything
+            break
+        tops = -(-count // b ** (depth - 1))
+        if tops not in tops_seen:
+            tops_seen.add(tops)
+            found.append(b)
+    return found
 
 
 def _segments(
-    program: Program, saved: set[Value], residuals: set[Value], target_bytes: float, gradient_bytes: int
+    program: Program, saved: set[Value], residuals: set[Value], target_bytes: float, gradient_bytes: int,
+    max_depth: int = 1,
 ) -> tuple[Segment, ...]:
     """Cuts the forward body into checkpoint segments.
 
@@ -453,46 +564,85 @@ def _segments(
     crossing value is one DTR kept anyway (its persistent checkpoints).
     A segment recomputes all of its values at once when the backward pass
     reaches it (DTR would recompute them one by one, recursively), so long
-    segments are split further, at the cheapest crossings, with the largest
-    cap on a segment's recomputation whose predicted memory fits the target.
+    segments are split further, at the cheapest crossings, under a cap on a
+    segment's recomputation. Where even the best flat split does not fit,
+    segments are nested (as DTR recomputes recursively): a group of segments
+    in one outer checkpoint keeps only the group's inputs for the whole
+    step, and the inner segments' inputs only while the group's backward
+    runs, for one more forward run of the group.
+
+    Of the candidates (caps x nestings), the least predicted recompute
+    among those whose predicted memory fits the target; else the smallest.
     """
     crossings = _crossings(program)
     total = sum(v.nbytes for v in residuals)
-    candidates = []
+    candidates, seen = [], set()
     cap = float(total) + 1
     while cap >= 1:
-        cuts = _cut_positions(program, crossings, saved, residuals, cap)
-        segments = _build_segments(program, crossings, saved, residuals, cuts)
-        predicted = _predicted_bytes(program, segments, gradient_bytes)
-        candidates.append((predicted, segments))
-        if predicted <= target_bytes:
-            return segments
+        cuts = tuple(_cut_positions(program, crossings, saved, residuals, cap))
         cap /= 2
-    return min(candidates, key=lambda c: c[0])[1]
+        if cuts in seen:
+            continue
+        seen.add(cuts)
+        leaves = _build_segments(program, crossings, saved, residuals, cuts)
+        if _predicted_bytes(program, leaves, gradient_bytes) <= target_bytes:
+            return leaves  # the largest cap that fits: the fewest cuts
+        candidates.append(leaves)
+    fitting, smallest, memo = None, None, {}
+    for leaves in candidates:
+        for depth in range(2, max_depth + 1):
+            for branching in _branchings(len(leaves), depth):
+                segments = _nest(program, crossings, saved, residuals, leaves, depth, branching, memo)
+                predicted = _predicted_bytes(program, segments, gradient_bytes)
+                if smallest is None or predicted < smallest[0]:
+                    smallest = (predicted, segments)
+                if predicted <= target_bytes:
+                    cost = sum(_recompute_cost(program, seg) for seg in segments)
+                    if fitting is None or cost < fitting[0]:
+                        fitting = (cost, segments)
+    flat = min(((_predicted_bytes(program, c, gradient_bytes), c) for c in candidates), key=lambda c: c[0])
+    if fitting is not None:
+        return fitting[1]
+    return min(smallest, flat, key=lambda c: c[0])[1] if smallest is not None else flat[1]
 
 
-def _protected_checkpoint(fn: Callable, policy: SavePolicy) -> Callable:
+def _protected_checkpoint(fn: Callable, policy: SavePolicy, differentiable: Sequence[bool]) -> Callable:
     """`jax.checkpoint(fn, policy)` whose backward recomputation XLA cannot merge away.
 
     The backward pass runs inside `lax.cond` on a predicate XLA cannot decide
     at compile time (the bits of a cotangent element, or-ed with 1, are never
     zero): CSE works within one computation and cannot reach into a branch.
+    `differentiable` marks the float inputs; the others (integers, keys) are
+    carried as residuals and get no cotangent.
     """
     checkpointed = jax.checkpoint(fn, policy=policy, prevent_cse=True)
+
+    def merge(floats, others):
+        floats, others = iter(floats), iter(others)
+        return [next(floats) if d else next(others) for d in differentiable]
 
     @jax.custom_vjp
     def segment(*xs):
         return checkpointed(*xs)
 
     def forward(*xs):
-        return jax.vjp(checkpointed, *xs)
+        floats = [x for x, d in zip(xs, differentiable) if d]
+        others = [x for x, d in zip(xs, differentiable) if not d]
+        out, vjp_fn = jax.vjp(lambda *f: checkpointed(*merge(f, others)), *floats)
+        return out, (vjp_fn, others)
 
-    def backward(vjp_fn, cotangents):
-        leaf = jnp.ravel(jax.tree_util.tree_leaves(cotangents)[0])[0]
-        bits = lax.bitcast_convert_type(leaf.astype(jnp.float32), jnp.int32)
-        run = lambda f, g: f(g)  # noqa: E731
+    def backward(residuals, cotangents):
+        vjp_fn, _ = residuals
+        leaves = [x for x in jax.tree_util.tree_leaves(cotangents) if jnp.issubdtype(x.dtype, jnp.inexact)]
         zeros = lambda f, g: jax.tree_util.tree_map(jnp.zeros_like, jax.eval_shape(f, g))  # noqa: E731
-        return lax.cond((bits | 1) != 0, run, zeros, vjp_fn, cotangents)
+        if leaves:
+            leaf = jnp.ravel(leaves[0])[0]
+            bits = lax.bitcast_convert_type(leaf.astype(jnp.float32), jnp.int32)
+            run = lambda f, g: f(g)  # noqa: E731
+            grads = lax.cond((bits | 1) != 0, run, zeros, vjp_fn, cotangents)
+        else:  # no float output: nothing flows back
+            grads = zeros(vjp_fn, cotangents)
+        return tuple(merge(grads, [None] * (len(differentiable) - len(grads))))
 
     segment.defvjp(forward, backward)
     return segment
@@ -503,26 +653,36 @@ def run_segments(program: Program, segments: Sequence[Segment], leaves: Sequence
     if implementation == "auto":
         implementation = "protected" if jax.default_backend() == "cpu" else "checkpoint"
     env = dict(zip(program.inputs, leaves))
-    for v, array in program.consts:
-        env[v] = array
+    consts = dict(program.consts)
+    env.update(consts)
     for seg in segments:
-        items = program.body[seg.start : seg.stop]
-        float_inputs = [v for v in seg.inputs if _is_float(v)]
-        other_inputs = {v: env[v] for v in seg.inputs if not _is_float(v)}
-        saved = set(seg.saved)
-
-        def body(*xs, items=items, float_inputs=float_inputs, other_inputs=other_inputs, seg=seg, saved=saved):
-            local = {**env, **other_inputs, **dict(zip(float_inputs, xs))}
-            _run_items(items, local, saved)
-            return [local[v] for v in seg.outputs]
-
-        if implementation == "protected":
-            wrapped = _protected_checkpoint(body, seg.policy)
-        else:
-            wrapped = jax.checkpoint(body, policy=seg.policy, prevent_cse=True)
-        outs = wrapped(*[env[v] for v in float_inputs])
-        env.update(zip(seg.outputs, outs))
+        _run_segment(program, seg, env, consts, implementation)
     return [env[a] if isinstance(a, Value) else jnp.asarray(a.value) for a in program.outputs]
+
+
+def _run_segment(program: Program, seg: Segment, env: dict, consts: dict, implementation: str) -> None:
+    """Runs `seg` in its own checkpoint (its children nested inside); adds its outputs to `env`.
+
+    Every input is an explicit argument: a nested segment's backward pass is
+    traced after its parent's trace has ended, so it must not close over the
+    parent's values (only over the program's constants)."""
+    inputs = [v for v in seg.inputs if v not in consts]
+
+    def body(*xs):
+        local = {**consts, **dict(zip(inputs, xs))}
+        if seg.children:
+            for child in seg.children:
+                _run_segment(program, child, local, consts, implementation)
+        else:
+            _run_items(program.body[seg.start : seg.stop], local, set(seg.saved))
+        return [local[v] for v in seg.outputs]
+
+    if implementation == "protected":
+        wrapped = _protected_checkpoint(body, seg.policy, [_is_float(v) for v in inputs])
+    else:
+        wrapped = jax.checkpoint(body, policy=seg.policy, prevent_cse=True)
+    outs = wrapped(*[env[v] for v in inputs])
+    env.update(zip(seg.outputs, outs))
 
 
 # ---------------------------------------------------------------- planning
@@ -537,8 +697,19 @@ def _compiled_bytes(fn: Callable, specs: Sequence) -> int:
     return int(analysis.argument_size_in_bytes + analysis.output_size_in_bytes + analysis.temp_size_in_bytes - analysis.alias_size_in_bytes)
 
 
-def _plan_for(config: _Config, forward: Program, vg: Program, sim_budget: int, target: float, heuristic) -> Plan:
-    counters, rematerialized, runtime = simulate_program(vg, sim_budget, heuristic)
+def _plan_for(
+    config: _Config, forward: Program, vg: Program, sim_budget: int, target: float, heuristic, max_depth: int = 1,
+    simulations: Optional[dict] = None,
+) -> Plan:
+    simulations = {} if simulations is None else simulations  # by simulated budget: the search revisits budgets
+    if sim_budget not in simulations:
+        try:
+            simulations[sim_budget] = simulate_program(vg, sim_budget, heuristic)
+        except (OutOfBudgetError, ThrashError) as err:
+            simulations[sim_budget] = err
+    if isinstance(simulations[sim_budget], Exception):
+        raise simulations[sim_budget]
+    counters, rematerialized, runtime = simulations[sim_budget]
     names = {int(k[len(NAME_PREFIX) :]): v for k, v in vg.names.items() if k.startswith(NAME_PREFIX)}
     forward_values = {v.id: v for item in forward.body for v in item.outputs}
     # Where the forward pass ends in the value-and-grad program: the last named value.
@@ -562,7 +733,7 @@ def _plan_for(config: _Config, forward: Program, vg: Program, sim_budget: int, t
         if vg_value not in rematerialized:
             saved.add(fwd_value)
     gradient_bytes = sum(v.nbytes for v, d in zip(forward.inputs, _traced_flags(config)) if d)
-    segments = _segments(forward, saved, residuals, target, gradient_bytes)
+    segments = _segments(forward, saved, residuals, target, gradient_bytes, max_depth)
     saved_all = frozenset(saved | {v for s in segments for v in s.inputs})
     from ..simulator import SimResult  # lazy: the simulator package imports the trace tools
 
@@ -650,8 +821,9 @@ def make_plan(
     best = None
     effective_target = float(target)
     tried: set = set()
+    simulations: dict = {}
     for _ in range(max_attempts):
-        plan = _search_simulated_budget(config, forward, vg, sim_peak, effective_target, heuristic)
+        plan = _search_simulated_budget(config, forward, vg, sim_peak, effective_target, heuristic, simulations)
         if plan is None:
             break
         layout = tuple((seg.start, seg.stop, tuple(v.id for v in seg.saved)) for seg in plan.segments)
@@ -680,30 +852,37 @@ def make_plan(
     return best
 
 
-def _search_simulated_budget(config, forward, vg, sim_peak, target, heuristic, steps: int = 10) -> Optional[Plan]:
+def _search_simulated_budget(
+    config, forward, vg, sim_peak, target, heuristic, simulations: dict, steps: int = 10
+) -> Optional[Plan]:
     """The plan for the largest simulated budget whose predicted compiled
-    memory fits `target` (bisection: less budget, fewer values kept).
+    memory fits `target` (bisection: less budget, fewer values kept), flat
+    if any flat plan fits, else with nested segments.
 
     The simulation and XLA count differently (XLA fuses, so it keeps fewer
     and smaller residuals), so the simulated budget is searched for rather
     than scaled: what must fit is the plan's prediction in XLA's terms.
     """
-    lo, hi = 0.0, float(sim_peak)
-    fitting, smallest = None, None
-    for _ in range(steps):
-        mid = (lo + hi) / 2
-        try:
-            plan = _plan_for(config, forward, vg, max(int(mid), 1), target, heuristic)
-        except (OutOfBudgetError, ThrashError):  # infeasible at this budget: go higher
-            lo = mid
-            continue
-        if smallest is None or plan.predicted_bytes < smallest.predicted_bytes:
-            smallest = plan
-        if plan.predicted_bytes <= target:
-            fitting, lo = plan, mid
-        else:
-            hi = mid
-    return fitting or smallest
+    smallest = None
+    for max_depth in (1, 3):  # nest segments only where no flat plan fits
+        lo, hi = 0.0, float(sim_peak)
+        fitting = None
+        for _ in range(steps):
+            mid = (lo + hi) / 2
+            try:
+                plan = _plan_for(config, forward, vg, max(int(mid), 1), target, heuristic, max_depth, simulations)
+            except (OutOfBudgetError, ThrashError):  # infeasible at this budget: go higher
+                lo = mid
+                continue
+            if smallest is None or plan.predicted_bytes < smallest.predicted_bytes:
+                smallest = plan
+            if plan.predicted_bytes <= target:
+                fitting, lo = plan, mid
+            else:
+                hi = mid
+        if fitting is not None:
+            return fitting
+    return smallest
 
 
 def _grad_of(plan: Plan, config: _Config, traced):

@@ -111,7 +111,7 @@ class _Normalizer:
     def read(self, body: list[Item], env: dict, atom: Any) -> Atom:
         """The value of a jaxpr atom, building a lazy stack if it is one."""
         if _jax_core.is_literal(atom):
-            return Const(atom.val)
+            return _literal(atom)
         found = env[atom]
         if isinstance(found, _Stack):
             return self.materialize(body, found)
@@ -192,7 +192,7 @@ class _Normalizer:
     def lazy(self, env: dict, atom: Any) -> Any:
         """Like `read`, but a lazy stack stays lazy (for inlined calls)."""
         if _jax_core.is_literal(atom):
-            return Const(atom.val)
+            return _literal(atom)
         return env[atom]
 
     # ------------------------------------------------------------------ scan
@@ -292,3 +292,16 @@ def normalize(closed_jaxpr: Any, cost_model: CostModel = None) -> Program:
     program.release_after = liveness(program)
     program.names = {k: v for k, v in n.names.items() if isinstance(v, Value)}
     return program
+
+
+def _literal(atom: Any) -> Const:
+    """A jaxpr literal with its value in the literal's own dtype: a Python
+    `2.0` in a float32 program is a float32 scalar, not numpy's float64 (the
+    bytes of a literal made into a value must be the bytes its readers see)."""
+    dtype = getattr(getattr(atom, "aval", None), "dtype", None)
+    try:
+        if dtype is not None and isinstance(dtype, np.dtype):
+            return Const(np.asarray(atom.val, dtype=dtype))
+    except (TypeError, ValueError, OverflowError):
+        pass
+    return Const(atom.val)
