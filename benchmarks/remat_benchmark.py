@@ -61,11 +61,15 @@ def run(name, factory, layers, ratios, repeats):
     unconstrained = rows[0]["bytes"]
     for ratio in ratios:
         start = time.perf_counter()
-        plan = jdtr.plan(plain.loss, *args, budget=ratio)
+        try:
+            plan = jdtr.plan(plain.loss, *args, budget=ratio)
+        except jdtr.OutOfBudgetError as err:
+            print(f"budget {ratio}: no plan fits ({err})", file=sys.stderr)
+            continue
         planning = time.perf_counter() - start
         exe, nbytes = compiled(plan.grad, args)
         rows.append({"label": f"jdtr.remat_grad budget {ratio}", "bytes": nbytes, "exe": exe, "budget": plan.budget_bytes,
-                     "segments": len(plan.segments), "planning": planning})
+                     "segments": len(plan.segments), "depth": max(seg.depth for seg in plan.segments), "planning": planning})
     times = {r["label"]: [] for r in rows}
     for r in rows:
         jax.block_until_ready(r["exe"](*args))
@@ -79,7 +83,7 @@ def run(name, factory, layers, ratios, repeats):
         del r["exe"]
     base_time = rows[0]["time"]
     lines = [f"**{name}** (no remat: {unconstrained / 2**20:.1f} MiB, {base_time * 1e3:.1f} ms per step)", "",
-             "| contender | compiled MiB | vs no remat | step ms | vs no remat | budget MiB | on the Pareto front vs built-ins |", "|---|---|---|---|---|---|---|"]
+             "| contender | compiled MiB | vs no remat | step ms | vs no remat | budget MiB | segments (depth), planning s | on the Pareto front vs built-ins |", "|---|---|---|---|---|---|---|---|"]
     builtin_rows = rows[: len(builtins)]
     for r in rows:
         front = ""
@@ -87,9 +91,10 @@ def run(name, factory, layers, ratios, repeats):
             dominated = [b["label"] for b in builtin_rows if b["bytes"] <= r["bytes"] and b["time"] < r["time"]]
             front = "yes" if not dominated else "no: " + ", ".join(dominated)
         budget = "" if r["budget"] is None else f"{r['budget'] / 2**20:.1f}"
+        shape = "" if r["budget"] is None else f"{r['segments']} ({r['depth']}), {r['planning']:.0f}"
         lines.append(
             f"| {r['label']} | {r['bytes'] / 2**20:.1f} | {r['bytes'] / unconstrained:.2f} | {r['time'] * 1e3:.1f} | "
-            f"{r['time'] / base_time:.2f} | {budget} | {front} |"
+            f"{r['time'] / base_time:.2f} | {budget} | {shape} | {front} |"
         )
     return lines, rows
 

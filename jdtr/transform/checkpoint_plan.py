@@ -58,6 +58,10 @@ from .normalize import normalize
 from .program import Cond, Const, Equation, Program, Value
 
 NAME_PREFIX = "jdtr:"
+# XLA's buffer assignment is not fully predictable from the plan: a plan
+# whose compiled step exceeds the budget by at most this fraction is accepted;
+# beyond it, `plan` raises `OutOfBudgetError`.
+PLAN_SLACK = 0.10
 IMPLEMENTATIONS = ("auto", "checkpoint", "protected")
 
 
@@ -839,15 +843,24 @@ def make_plan(
         # XLA needed more than the plan's memory model predicted: plan for
         # proportionally less.
         effective_target *= target / measured * 0.97
-    if best is None:
+    if best is None or best.compiled_bytes > target * (1 + PLAN_SLACK):
+        # No plan fits: say so rather than hand back a step over the budget.
+        fixed = _fixed_bytes(forward, sum(v.nbytes for v, d in zip(forward.inputs, _traced_flags(config)) if d))
+        needed = unconstrained if best is None else best.compiled_bytes
+        source = "the smallest checkpoint plan found" if best is not None else None
+        if implementation == "checkpoint" and jax.default_backend() == "cpu":
+            source = (
+                'the smallest plan found with implementation="checkpoint" (XLA on the CPU removes '
+                'checkpoint barriers and merges the recomputation away; use implementation="auto")'
+            )
         raise OutOfBudgetError(
-            needed_bytes=unconstrained,
-            free_bytes=target,
-            pinned_bytes=sum(getattr(s, "nbytes", 0) for s in specs if not isinstance(s, _Static)),
+            needed_bytes=max(needed - fixed, 0),
+            free_bytes=max(int(target) - fixed, 0),
+            pinned_bytes=fixed,
             locked_bytes=0,
-            budget_bytes=target,
+            budget_bytes=int(target),
             op_name="the compiled step",
-            source=None,
+            source=source,
         )
     return best
 
@@ -920,6 +933,11 @@ def plan(
       implementation: "checkpoint" (plain `jax.checkpoint` segments),
         "protected" (segments XLA's CSE cannot undo) or "auto" (protected
         on the CPU, where XLA strips checkpoint barriers).
+
+    Raises:
+      OutOfBudgetError: if no plan's compiled step fits the budget (within
+        `PLAN_SLACK`, 10%, of XLA's buffer assignment); the message says how
+        much the smallest plan found needs.
 
     Returns:
       A `Plan`: `plan.grad`, `plan.value_and_grad`, `plan.policy`,
