@@ -29,6 +29,10 @@ sys.path.insert(0, __file__.rsplit("/", 1)[0])
 from grad_benchmark import machine  # noqa: E402
 
 NO_CSE = {"xla_disable_hlo_passes": "cse_barrier_expander"}
+# A built-in choice at most this much faster than a jdtr plan and no larger
+# is reported as a tie, not as dominating it: medians of a few runs on a
+# shared machine differ by this much between identical steps.
+TIE = 0.02
 
 
 def compiled(fn, args, options=None):
@@ -51,7 +55,7 @@ def contenders(factory, layers, ratios):
     return plain, out
 
 
-def run(name, factory, layers, ratios, repeats):
+def run(name, factory, layers, ratios, repeats, tune=True):
     plain, builtins = contenders(factory, layers, ratios)
     args = (plain.params, plain.batch)
     rows = []
@@ -60,16 +64,19 @@ def run(name, factory, layers, ratios, repeats):
         rows.append({"label": label, "bytes": nbytes, "exe": exe, "budget": None})
     unconstrained = rows[0]["bytes"]
     for ratio in ratios:
-        start = time.perf_counter()
-        try:
-            plan = jdtr.plan(plain.loss, *args, budget=ratio)
-        except jdtr.OutOfBudgetError as err:
-            print(f"budget {ratio}: no plan fits ({err})", file=sys.stderr)
-            continue
-        planning = time.perf_counter() - start
-        exe, nbytes = compiled(plan.grad, args)
-        rows.append({"label": f"jdtr.remat_grad budget {ratio}", "bytes": nbytes, "exe": exe, "budget": plan.budget_bytes,
-                     "segments": len(plan.segments), "depth": max(seg.depth for seg in plan.segments), "planning": planning})
+        for autotune in (False, True) if tune else (False,):
+            start = time.perf_counter()
+            try:
+                plan = jdtr.plan(plain.loss, *args, budget=ratio, autotune=autotune)
+            except jdtr.OutOfBudgetError as err:
+                print(f"budget {ratio}: no plan fits ({err})", file=sys.stderr)
+                break
+            planning = time.perf_counter() - start
+            exe, nbytes = compiled(plan.grad, args)
+            label = f"jdtr.remat_grad budget {ratio}" + (", autotune" if autotune else "")
+            rows.append({"label": label, "bytes": nbytes, "exe": exe, "budget": plan.budget_bytes,
+                         "segments": len(plan.segments), "depth": max(seg.depth for seg in plan.segments),
+                         "planning": planning})
     times = {r["label"]: [] for r in rows}
     for r in rows:
         jax.block_until_ready(r["exe"](*args))
@@ -88,8 +95,12 @@ def run(name, factory, layers, ratios, repeats):
     for r in rows:
         front = ""
         if r["budget"] is not None:
-            dominated = [b["label"] for b in builtin_rows if b["bytes"] <= r["bytes"] and b["time"] < r["time"]]
-            front = "yes" if not dominated else "no: " + ", ".join(dominated)
+            smaller = [b for b in builtin_rows if b["bytes"] <= r["bytes"]]
+            dominated = [b["label"] for b in smaller if b["time"] < r["time"] * (1 - TIE)]
+            tied = [b["label"] for b in smaller if r["time"] * (1 - TIE) <= b["time"] < r["time"]]
+            front = "no: " + ", ".join(dominated) if dominated else "yes"
+            if tied and not dominated:
+                front += f" (within {TIE:.0%}: " + ", ".join(tied) + ")"
         budget = "" if r["budget"] is None else f"{r['budget'] / 2**20:.1f}"
         shape = "" if r["budget"] is None else f"{r['segments']} ({r['depth']}), {r['planning']:.0f}"
         lines.append(
@@ -106,6 +117,7 @@ def main(argv=None):
     parser.add_argument("--output")
     parser.add_argument("--plot")
     parser.add_argument("--small", action="store_true")
+    parser.add_argument("--no-autotune", action="store_true", help="leave out the remat_grad(autotune=True) rows")
     args = parser.parse_args(argv)
     if args.small:
         suite = [("MLP chain 16x64, batch 512", lambda **kw: models.mlp_chain(16, 64, 512, **kw), 16)]
@@ -116,12 +128,12 @@ def main(argv=None):
         ]
     report = [f"### jdtr.remat_grad vs jax.checkpoint, {datetime.date.today().isoformat()}", "",
               f"Machine: {machine()}. Compiled memory = XLA's arguments + outputs + temporaries; step time = median of "
-              f"{args.repeats} interleaved runs. Built-in choices compiled with `{NO_CSE}` (without it, XLA on the CPU "
+              f"{args.repeats} interleaved runs; a built-in choice no larger and faster by less than {TIE:.0%} is a tie. Built-in choices compiled with `{NO_CSE}` (without it, XLA on the CPU "
               "undoes them); jdtr with default options.", ""]
     all_rows = []
     for name, factory, layers in suite:
         print(f"benchmarking {name} ...", file=sys.stderr)
-        lines, rows = run(name, factory, layers, args.ratios, args.repeats)
+        lines, rows = run(name, factory, layers, args.ratios, args.repeats, tune=not args.no_autotune)
         report += lines + [""]
         all_rows.append((name, rows))
         print("\n".join(lines), file=sys.stderr)
@@ -141,7 +153,7 @@ def main(argv=None):
             for r in rows:
                 jd = r["budget"] is not None
                 ax.scatter(r["bytes"] / 2**20, r["time"] * 1e3, marker="o" if jd else "s", color="C3" if jd else "C0")
-                ax.annotate(r["label"].replace("jdtr.remat_grad ", "jdtr "), (r["bytes"] / 2**20, r["time"] * 1e3), fontsize=7)
+                ax.annotate(r["label"].replace("jdtr.remat_grad budget ", "jdtr ").replace(", autotune", " tuned"), (r["bytes"] / 2**20, r["time"] * 1e3), fontsize=7)
             ax.set_xlabel("compiled memory (MiB)")
             ax.set_ylabel("step time (ms)")
             ax.set_title(name, fontsize=9)

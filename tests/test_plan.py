@@ -143,6 +143,32 @@ def test_remat_grad_under_vmap():
     assert_trees_close(got, ref, rtol=1e-5, atol=1e-6)
 
 
+def test_autotune_keeps_the_fastest_plan_within_the_budget():
+    """autotune=True times DTR's plans for this and smaller budgets and keeps
+    the fastest (ties within 2% go to the smaller); all fit the budget."""
+
+    def loss(w, x):
+        h = x
+        for _ in range(16):
+            h = jnp.tanh(h @ w)
+        return jnp.sum(h**2)
+
+    w = jax.random.normal(jax.random.PRNGKey(0), (64, 64)) / 8
+    x = jax.random.normal(jax.random.PRNGKey(1), (512, 64))
+    plan = jdtr.plan(loss, w, x, budget=0.7, autotune=True)
+    assert len(plan.timings) >= 2, plan.report()
+    (chosen,) = [t for t in plan.timings if t.chosen]
+    fastest = min(t.seconds for t in plan.timings)
+    ties = [t for t in plan.timings if t.seconds <= fastest * 1.02]
+    assert chosen.compiled_bytes == min(t.compiled_bytes for t in ties)
+    assert plan.compiled_bytes == chosen.compiled_bytes
+    assert all(t.compiled_bytes <= plan.budget_bytes * (1 + SLACK) for t in plan.timings)
+    assert "autotuned: fastest of" in plan.report()
+    assert_trees_close(jax.jit(plan.grad)(w, x), jax.grad(loss)(w, x), rtol=1e-4, atol=1e-5)
+    tuned = jax.jit(jdtr.remat_grad(loss, budget=0.7, autotune=True))
+    assert_trees_close(tuned(w, x), jax.grad(loss)(w, x), rtol=1e-4, atol=1e-5)
+
+
 def test_value_and_grad_has_aux_and_argnums():
     m = model("mlp")
 

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import warnings
 from dataclasses import dataclass
 from typing import Any, Callable, Hashable, Optional, Sequence, Union
 
@@ -52,6 +53,7 @@ from ..runtime import (
     format_bytes,
     get_heuristic,
 )
+from .autotune import Timing, can_autotune, example_inputs, median_step_seconds
 from .grad import _argnums_tuple, _describe, _leaf_spec, _Static
 from .interpreter import Interpreter
 from .normalize import normalize
@@ -63,6 +65,8 @@ NAME_PREFIX = "jdtr:"
 # beyond it, `plan` raises `OutOfBudgetError`.
 PLAN_SLACK = 0.10
 IMPLEMENTATIONS = ("auto", "checkpoint", "protected")
+# Autotuning: step times within this fraction of the fastest count as equal.
+TIE_TOLERANCE = 0.02
 
 
 # --------------------------------------------------------------------- policy
@@ -137,6 +141,8 @@ class Plan:
       compiled_bytes: XLA's argument + output + temporary bytes of the planned step
         (None if not compiled yet).
       unconstrained_compiled_bytes: the same for `jax.grad` without remat.
+      timings: with `autotune=True`, every candidate plan within the budget
+        that was compiled and timed (a `Timing` each; one is `chosen`).
       policy: one `SavePolicy` for the whole plan (names and signatures).
     """
 
@@ -149,6 +155,7 @@ class Plan:
     compiled_bytes: Optional[int] = None
     unconstrained_compiled_bytes: Optional[int] = None
     predicted_bytes: int = 0  # the plan's own model of the compiled step
+    timings: tuple[Timing, ...] = ()
 
     @functools.cached_property
     def policy(self) -> SavePolicy:
@@ -190,6 +197,15 @@ class Plan:
             lines.append(
                 f"compiled step: {format_bytes(self.compiled_bytes)} (arguments + outputs + temporaries; "
                 f"without remat {format_bytes(self.unconstrained_compiled_bytes or 0)})"
+            )
+        if self.timings:
+            chosen = next(t for t in self.timings if t.chosen)
+            others = ", ".join(
+                f"{format_bytes(t.compiled_bytes)} {t.seconds * 1e3:.1f} ms" for t in self.timings if not t.chosen
+            )
+            lines.append(
+                f"autotuned: fastest of {len(self.timings)} plans within the budget, "
+                f"{chosen.seconds * 1e3:.1f} ms per step (others: {others or 'none'})"
             )
         producer = {v: item for item in self.program.body if isinstance(item, Equation) for v in item.outputs}
         total_in = total_saved = total_recomputed = 0
@@ -692,13 +708,24 @@ def _run_segment(program: Program, seg: Segment, env: dict, consts: dict, implem
 # ---------------------------------------------------------------- planning
 
 
-def _compiled_bytes(fn: Callable, specs: Sequence) -> int:
-    """XLA's argument + output + temporary bytes for `fn` on these shapes."""
+def _compile(fn: Callable, specs: Sequence) -> tuple[Any, int]:
+    """`fn` compiled for these shapes, and XLA's argument + output + temporary bytes for it."""
     structs = [s for s in specs if not isinstance(s, _Static)]
-    analysis = jax.jit(fn).lower(*structs).compile().memory_analysis()
+    compiled = jax.jit(fn).lower(*structs).compile()
+    analysis = compiled.memory_analysis()
     if analysis is None:  # some backends do not report
-        return 0
-    return int(analysis.argument_size_in_bytes + analysis.output_size_in_bytes + analysis.temp_size_in_bytes - analysis.alias_size_in_bytes)
+        return compiled, 0
+    nbytes = analysis.argument_size_in_bytes + analysis.output_size_in_bytes + analysis.temp_size_in_bytes
+    return compiled, int(nbytes - analysis.alias_size_in_bytes)
+
+
+def _compiled_bytes(fn: Callable, specs: Sequence) -> int:
+    return _compile(fn, specs)[1]
+
+
+def _layout(plan: Plan) -> tuple:
+    """What makes two plans the same step: their cuts and what they save."""
+    return tuple((seg.start, seg.stop, tuple(v.id for v in seg.saved)) for seg in plan.segments)
 
 
 def _plan_for(
@@ -800,6 +827,7 @@ def make_plan(
     has_aux: bool = False,
     heuristic: Union[str, Heuristic] = "dtr_eq",
     implementation: str = "auto",
+    autotune: bool = False,
     max_attempts: int = 6,
 ) -> Plan:
     """Simulates DTR at `budget` and exports its decisions as checkpoint segments."""
@@ -822,28 +850,39 @@ def make_plan(
     unconstrained = _compiled_bytes(plain, specs)
     target = budget_spec.resolve(unconstrained)
     sim_peak = vg.unconstrained_peak()
-    best = None
+    best = chosen = None
     effective_target = float(target)
     tried: set = set()
     simulations: dict = {}
+    compiled: list[tuple[Plan, Any]] = []  # every plan measured, with its executable
+
+    def measure(candidate: Plan) -> Plan:
+        executable, nbytes = _compile(lambda *t: _grad_of(candidate, config, t), specs)
+        measured = dataclasses.replace(
+            candidate, budget_bytes=target, compiled_bytes=nbytes, unconstrained_compiled_bytes=unconstrained
+        )
+        compiled.append((measured, executable))
+        return measured
+
     for _ in range(max_attempts):
         plan = _search_simulated_budget(config, forward, vg, sim_peak, effective_target, heuristic, simulations)
         if plan is None:
             break
-        layout = tuple((seg.start, seg.stop, tuple(v.id for v in seg.saved)) for seg in plan.segments)
-        if layout in tried:
+        if _layout(plan) in tried:
             break  # asking for less no longer changes the plan: nothing better to find
-        tried.add(layout)
-        measured = _compiled_bytes(lambda *t, plan=plan: _grad_of(plan, config, t), specs)
-        plan = dataclasses.replace(plan, budget_bytes=target, compiled_bytes=measured, unconstrained_compiled_bytes=unconstrained)
-        if best is None or measured < best.compiled_bytes:
+        tried.add(_layout(plan))
+        plan = measure(plan)
+        if best is None or plan.compiled_bytes < best.compiled_bytes:
             best = plan
-        if measured <= target:
-            return plan
+        if plan.compiled_bytes <= target:
+            chosen = plan
+            break
         # XLA needed more than the plan's memory model predicted: plan for
         # proportionally less.
-        effective_target *= target / measured * 0.97
-    if best is None or best.compiled_bytes > target * (1 + PLAN_SLACK):
+        effective_target *= target / plan.compiled_bytes * 0.97
+    if chosen is None and best is not None and best.compiled_bytes <= target * (1 + PLAN_SLACK):
+        chosen = best
+    if chosen is None:
         # No plan fits: say so rather than hand back a step over the budget.
         fixed = _fixed_bytes(forward, sum(v.nbytes for v, d in zip(forward.inputs, _traced_flags(config)) if d))
         needed = unconstrained if best is None else best.compiled_bytes
@@ -862,7 +901,29 @@ def make_plan(
             op_name="the compiled step",
             source=source,
         )
-    return best
+    if not autotune:
+        return chosen
+    structs = [s for s in specs if not isinstance(s, _Static)]
+    if not can_autotune(structs):
+        warnings.warn("autotune needs example inputs and cannot make PRNG keys; the plan is chosen by memory", stacklevel=3)
+        return chosen
+    # Candidates: the plans DTR makes for smaller budgets, which also fit.
+    for scale in (0.7, 0.5, 0.35, 0.25):
+        plan = _search_simulated_budget(config, forward, vg, sim_peak, effective_target * scale, heuristic, simulations)
+        if plan is not None and _layout(plan) not in tried:
+            tried.add(_layout(plan))
+            measure(plan)
+    limit = max(target, chosen.compiled_bytes)
+    fitting = [(plan, executable) for plan, executable in compiled if plan.compiled_bytes <= limit]
+    seconds = median_step_seconds([executable for _, executable in fitting], example_inputs(structs))
+    # Within 2% of the fastest is a tie (timing noise): the smallest of those wins.
+    ties = [i for i, s in enumerate(seconds) if s <= min(seconds) * (1 + TIE_TOLERANCE)]
+    fastest = min(ties, key=lambda i: fitting[i][0].compiled_bytes)
+    timings = tuple(
+        Timing(plan.compiled_bytes, s, len(plan.segments), chosen=i == fastest)
+        for i, ((plan, _), s) in enumerate(zip(fitting, seconds))
+    )
+    return dataclasses.replace(fitting[fastest][0], timings=timings)
 
 
 def _search_simulated_budget(
@@ -919,6 +980,7 @@ def plan(
     has_aux: bool = False,
     heuristic: Union[str, Heuristic] = "dtr_eq",
     implementation: str = "auto",
+    autotune: bool = False,
     **kwargs,
 ) -> Plan:
     """A checkpoint plan for `fun`'s gradient at `budget`.
@@ -933,6 +995,12 @@ def plan(
       implementation: "checkpoint" (plain `jax.checkpoint` segments),
         "protected" (segments XLA's CSE cannot undo) or "auto" (protected
         on the CPU, where XLA strips checkpoint barriers).
+      autotune: if True, also compile the plans DTR makes for smaller
+        budgets, time every plan within the budget on example inputs (a few
+        steps each, during planning) and keep the fastest; `plan.timings`
+        lists them; times within 2% of the fastest are a tie, won by the
+        smaller plan. Where recomputation is cheap (XLA on the CPU) the
+        fastest plan is often one that saves less.
 
     Raises:
       OutOfBudgetError: if no plan's compiled step fits the budget (within
@@ -947,11 +1015,11 @@ def plan(
       >>> plan = jdtr.plan(loss, params, batch, budget=0.4)
       >>> grads = jax.jit(plan.grad)(params, batch)
     """
-    return make_plan(fun, args, kwargs, budget, argnums, has_aux, heuristic, implementation)
+    return make_plan(fun, args, kwargs, budget, argnums, has_aux, heuristic, implementation, autotune)
 
 
 class _RematGrad:
-    def __init__(self, fun, argnums, has_aux, budget, heuristic, implementation, value):
+    def __init__(self, fun, argnums, has_aux, budget, heuristic, implementation, autotune, value):
         parse_budget(budget)
         get_heuristic(heuristic)
         _argnums_tuple(argnums)
@@ -959,6 +1027,7 @@ class _RematGrad:
             raise ValueError(f"implementation must be one of {IMPLEMENTATIONS}; got {implementation!r}")
         self.fun, self.argnums, self.has_aux = fun, argnums, has_aux
         self.budget, self.heuristic, self.implementation, self.value = budget, heuristic, implementation, value
+        self.autotune = autotune
         self.plans: dict[Hashable, Plan] = {}
         functools.update_wrapper(self, fun)
 
@@ -970,7 +1039,10 @@ class _RematGrad:
             structs = jax.tree_util.tree_unflatten(
                 treedef, [s.value if isinstance(s, _Static) else s for s in specs]
             )
-            found = make_plan(self.fun, structs[0], structs[1], self.budget, self.argnums, self.has_aux, self.heuristic, self.implementation)
+            found = make_plan(
+                self.fun, structs[0], structs[1], self.budget, self.argnums, self.has_aux, self.heuristic,
+                self.implementation, self.autotune,
+            )
             self.plans[key] = found
         return found
 
@@ -987,18 +1059,20 @@ def remat_grad(
     budget: BudgetLike,
     heuristic: Union[str, Heuristic] = "dtr_eq",
     implementation: str = "auto",
+    autotune: bool = False,
 ) -> Callable:
     """Like `jax.grad`, with DTR's decisions compiled in as checkpoint segments.
 
     Jittable and vmappable: the plan depends only on shapes, is made on the
     first call for each argument structure, and is cached. `budget` is
     bytes, a size string, or a fraction of the memory XLA needs for
-    `jax.grad(fun)` (arguments + outputs + temporaries).
+    `jax.grad(fun)` (arguments + outputs + temporaries). `implementation`
+    and `autotune` as in `jdtr.plan`.
 
     Example:
       >>> step_grad = jax.jit(jdtr.remat_grad(loss, budget="2GiB"))
     """
-    return _RematGrad(fun, argnums, has_aux, budget, heuristic, implementation, value=False)
+    return _RematGrad(fun, argnums, has_aux, budget, heuristic, implementation, autotune, value=False)
 
 
 def remat_value_and_grad(
@@ -1009,6 +1083,7 @@ def remat_value_and_grad(
     budget: BudgetLike,
     heuristic: Union[str, Heuristic] = "dtr_eq",
     implementation: str = "auto",
+    autotune: bool = False,
 ) -> Callable:
     """`jax.value_and_grad` with DTR's decisions compiled in; see `remat_grad`."""
-    return _RematGrad(fun, argnums, has_aux, budget, heuristic, implementation, value=True)
+    return _RematGrad(fun, argnums, has_aux, budget, heuristic, implementation, autotune, value=True)

@@ -1,0 +1,76 @@
+"""Choosing among checkpoint plans that fit the budget by timing them.
+
+The DTR simulation ranks plans by the compute they recompute (the paper's
+cost model), which tracks step time where compute is the bottleneck, as on
+a GPU. On a CPU it often does not: XLA fuses a recomputed forward into the
+backward pass, and a step that stores fewer activations streams less
+memory, so a plan that recomputes more can run faster than one that
+recomputes less (docs/benchmarks.md). Autotuning measures instead of
+predicting: every candidate's compiled step runs on example inputs of the
+argument shapes, the candidates interleaved round by round so that machine
+noise falls on all alike, and the fastest median wins.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Sequence
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+
+@dataclass(frozen=True)
+class Timing:
+    """One candidate plan's compiled step, as measured while autotuning.
+
+    Attributes:
+      compiled_bytes: XLA's argument + output + temporary bytes.
+      seconds: median wall time of one step.
+      segments: the plan's number of top-level checkpoint segments.
+      chosen: whether this candidate became the plan.
+    """
+
+    compiled_bytes: int
+    seconds: float
+    segments: int
+    chosen: bool = False
+
+
+def can_autotune(structs: Sequence[jax.ShapeDtypeStruct]) -> bool:
+    """Whether example inputs can be made for these argument shapes (not for PRNG keys)."""
+    return not any(jnp.issubdtype(s.dtype, jax.dtypes.prng_key) for s in structs)
+
+
+def example_inputs(structs: Sequence[jax.ShapeDtypeStruct], seed: int = 0) -> list[jax.Array]:
+    """Arrays of these shapes: small normal floats (no overflow, no NaN, so no
+    slow paths) and zero integers (valid indices).
+
+    Made eagerly even while a `jax.jit` trace is being built, since the
+    compiled steps they feed run now, during planning."""
+    rng = np.random.default_rng(seed)
+    arrays = []
+    with jax.ensure_compile_time_eval():
+        for s in structs:
+            if jnp.issubdtype(s.dtype, jnp.inexact):
+                host = (0.1 * rng.standard_normal(s.shape)).astype(s.dtype)
+            else:
+                host = np.zeros(s.shape, s.dtype)
+            arrays.append(jax.device_put(host))
+    return arrays
+
+
+def median_step_seconds(executables: Sequence[Any], inputs: Sequence[jax.Array], repeats: int = 3) -> list[float]:
+    """Median wall time of each compiled step over `repeats` interleaved rounds
+    (after one warm-up run each, which also faults in its memory)."""
+    for exe in executables:
+        jax.block_until_ready(exe(*inputs))
+    samples: list[list[float]] = [[] for _ in executables]
+    for _ in range(repeats):
+        for exe, times in zip(executables, samples):
+            start = time.perf_counter()
+            jax.block_until_ready(exe(*inputs))
+            times.append(time.perf_counter() - start)
+    return [float(np.median(times)) for times in samples]
