@@ -128,13 +128,20 @@ def test_compiled_bytes_are_xla_numbers_for_what_the_user_compiles():
     assert total == plan.compiled_bytes
 
 
-def test_remat_grad_under_vmap():
+def tanh_chain(layers):
+    """A loss of `layers` tanh layers sharing one weight matrix."""
+
     def loss(w, x):
         h = x
-        for _ in range(12):
+        for _ in range(layers):
             h = jnp.tanh(h @ w)
         return jnp.sum(h**2)
 
+    return loss
+
+
+def test_remat_grad_under_vmap():
+    loss = tanh_chain(12)
     # Activations (64 KiB each) dominate the step, so a plan fits 0.6 of it.
     w = jax.random.normal(jax.random.PRNGKey(0), (64, 64)) / 8
     xs = jax.random.normal(jax.random.PRNGKey(1), (5, 256, 64))
@@ -146,13 +153,7 @@ def test_remat_grad_under_vmap():
 def test_autotune_keeps_the_fastest_plan_within_the_budget():
     """autotune=True times DTR's plans for this and smaller budgets and keeps
     the fastest (ties within 2% go to the smaller); all fit the budget."""
-
-    def loss(w, x):
-        h = x
-        for _ in range(16):
-            h = jnp.tanh(h @ w)
-        return jnp.sum(h**2)
-
+    loss = tanh_chain(16)
     w = jax.random.normal(jax.random.PRNGKey(0), (64, 64)) / 8
     x = jax.random.normal(jax.random.PRNGKey(1), (512, 64))
     plan = jdtr.plan(loss, w, x, budget=0.7, autotune=True)
