@@ -155,6 +155,24 @@ def test_optimum_equals_the_search_over_stage_schedules(seed):
     assert jdtr.optimal(trace, peak).recomputations == 0
 
 
+@pytest.mark.parametrize("seed", range(6))
+def test_optimum_does_not_depend_on_the_unit_of_memory(seed):
+    """The same graphs in gigabytes (the paper's logs' sizes) as in bytes:
+    in bytes, such coefficients are beyond HiGHS's tolerances and its
+    presolve called the U-Net log's model infeasible at every budget below
+    its peak; memory is now counted in fractions of the budget."""
+    deps, sizes, costs, outputs = random_graph(seed, 6)
+    scale = 10**8
+    small = graph_trace(deps, sizes, costs, outputs)
+    large = graph_trace(deps, [size * scale for size in sizes], costs, outputs, constant=8 * scale)
+    graph = checkmate_graph(small.program)
+    peak = graph.unconstrained_peak_bytes()
+    for budget in sorted({graph.required_bytes(), (graph.required_bytes() + peak) // 2, peak - 10}):
+        expected = jdtr.optimal(small, budget, rel_gap=0.0)
+        got = jdtr.optimal(large, budget * scale, rel_gap=0.0)
+        assert (got.status, got.total_cost) == (expected.status, expected.total_cost), budget
+
+
 def chain_trace(layers, seed):
     """Forward f1..fL, backward gL..g1 with g_k reading g_(k+1) and f_(k-1): Theorem 3.1's chain."""
     rng = random.Random(seed)

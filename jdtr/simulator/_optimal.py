@@ -292,16 +292,22 @@ def _build(graph: CheckmateGraph, budget_bytes: int) -> tuple[_Model, dict[tuple
     for (t, i), s in S.items():  # nor recomputes a value it holds
         if (t, i) in R:
             model.constraint([(s, 1.0), (R[t, i], 1.0)], -math.inf, 1.0)
+    # Memory in units of a ten-thousandth of the budget: coefficients in
+    # bytes (up to 1e10 for the paper's logs) are beyond HiGHS's tolerances,
+    # and its presolve then calls feasible models infeasible.
+    unit = max(1.0, budget_bytes / 1e4)
+    sizes = [size / unit for size in sizes]
+    constant_memory = graph.constant_bytes / unit
     for t in range(n):
         computed = [k for k in range(t + 1) if (t, k) in R]
         kept = [(S[t, i], sizes[i]) for i in range(t) if (t, i) in S and sizes[i]]
         previous: Optional[int] = None
         frees: list[tuple[int, float]] = []
         for k in computed:
-            memory = model.variable(0.0, float(budget_bytes))
+            memory = model.variable(0.0, budget_bytes / unit)
             if previous is None:  # the stage starts with the constants and what was kept
                 terms = [(memory, 1.0), *((s, -float(size)) for s, size in kept)]
-                model.constraint([*terms, (R[t, k], -float(sizes[k]))], graph.constant_bytes, graph.constant_bytes)
+                model.constraint([*terms, (R[t, k], -float(sizes[k]))], constant_memory, constant_memory)
             else:
                 terms = [(memory, 1.0), (previous, -1.0), *frees, (R[t, k], -float(sizes[k]))]
                 model.constraint(terms, 0.0, 0.0)
