@@ -64,7 +64,7 @@ def run(name, factory, layers, ratios, repeats, tune=True):
         rows.append({"label": label, "bytes": nbytes, "exe": exe, "budget": None})
     unconstrained = rows[0]["bytes"]
     for ratio in ratios:
-        for autotune in (False, True) if tune else (False,):
+        for autotune in (True, False) if tune else (True,):
             start = time.perf_counter()
             try:
                 plan = jdtr.plan(plain.loss, *args, budget=ratio, autotune=autotune)
@@ -73,7 +73,7 @@ def run(name, factory, layers, ratios, repeats, tune=True):
                 break
             planning = time.perf_counter() - start
             exe, nbytes = compiled(plan.grad, args)
-            label = f"jdtr.remat_grad budget {ratio}" + (", autotune" if autotune else "")
+            label = f"jdtr.remat_grad budget {ratio}" + ("" if autotune else ", autotune=False")
             rows.append({"label": label, "bytes": nbytes, "exe": exe, "budget": plan.budget_bytes,
                          "segments": len(plan.segments), "depth": max(seg.depth for seg in plan.segments),
                          "planning": planning})
@@ -117,7 +117,7 @@ def main(argv=None):
     parser.add_argument("--output")
     parser.add_argument("--plot")
     parser.add_argument("--small", action="store_true")
-    parser.add_argument("--no-autotune", action="store_true", help="leave out the remat_grad(autotune=True) rows")
+    parser.add_argument("--tuned-only", action="store_true", help="leave out the remat_grad(autotune=False) rows")
     args = parser.parse_args(argv)
     if args.small:
         suite = [("MLP chain 16x64, batch 512", lambda **kw: models.mlp_chain(16, 64, 512, **kw), 16)]
@@ -133,7 +133,7 @@ def main(argv=None):
     all_rows = []
     for name, factory, layers in suite:
         print(f"benchmarking {name} ...", file=sys.stderr)
-        lines, rows = run(name, factory, layers, args.ratios, args.repeats, tune=not args.no_autotune)
+        lines, rows = run(name, factory, layers, args.ratios, args.repeats, tune=not args.tuned_only)
         report += lines + [""]
         all_rows.append((name, rows))
         print("\n".join(lines), file=sys.stderr)
@@ -153,7 +153,7 @@ def main(argv=None):
             for r in rows:
                 jd = r["budget"] is not None
                 ax.scatter(r["bytes"] / 2**20, r["time"] * 1e3, marker="o" if jd else "s", color="C3" if jd else "C0")
-                ax.annotate(r["label"].replace("jdtr.remat_grad budget ", "jdtr ").replace(", autotune", " tuned"), (r["bytes"] / 2**20, r["time"] * 1e3), fontsize=7)
+                ax.annotate(r["label"].replace("jdtr.remat_grad budget ", "jdtr ").replace(", autotune=False", " untuned"), (r["bytes"] / 2**20, r["time"] * 1e3), fontsize=7)
             ax.set_xlabel("compiled memory (MiB)")
             ax.set_ylabel("step time (ms)")
             ax.set_title(name, fontsize=9)

@@ -46,10 +46,12 @@ def model(name):
     return MODELS[name]()
 
 
+# Autotuning (the default) compiles and times several plans; it has its own
+# tests, and the others check the cost model's plan, which it starts from.
 @functools.lru_cache(maxsize=None)
-def plan_of(name, ratio, implementation="auto"):
+def plan_of(name, ratio, implementation="auto", autotune=False):
     m = model(name)
-    return jdtr.plan(m.loss, m.params, m.batch, budget=ratio, implementation=implementation)
+    return jdtr.plan(m.loss, m.params, m.batch, budget=ratio, implementation=implementation, autotune=autotune)
 
 
 # The test ResNet is tiny (42 KiB compiled): arguments and XLA's fixed
@@ -57,7 +59,7 @@ def plan_of(name, ratio, implementation="auto"):
 @pytest.mark.parametrize("name,ratio", [("resnet", 0.7), ("rnn", 0.5), ("transformer", 0.5)])
 def test_remat_grad_matches_jax_grad_under_jit(name, ratio):
     m = model(name)
-    got = jax.jit(jdtr.remat_grad(m.loss, budget=ratio))(m.params, m.batch)
+    got = jax.jit(jdtr.remat_grad(m.loss, budget=ratio, autotune=False))(m.params, m.batch)
     assert_trees_close(got, jax.jit(jax.grad(m.loss))(m.params, m.batch), rtol=1e-4, atol=1e-6)
 
 
@@ -151,13 +153,17 @@ def test_remat_grad_under_vmap():
 
 
 def test_autotune_keeps_the_fastest_plan_within_the_budget():
-    """autotune=True times DTR's plans for this and smaller budgets and keeps
-    the fastest (ties within 2% go to the smaller); all fit the budget."""
+    """By default, planning times DTR's plans for this and smaller budgets and
+    keeps the fastest (ties within 2% go to the smaller); all fit the budget.
+    autotune=False keeps the cost model's plan, one of those timed."""
     loss = tanh_chain(16)
     w = jax.random.normal(jax.random.PRNGKey(0), (64, 64)) / 8
     x = jax.random.normal(jax.random.PRNGKey(1), (512, 64))
-    plan = jdtr.plan(loss, w, x, budget=0.7, autotune=True)
+    plan = jdtr.plan(loss, w, x, budget=0.7)
     assert len(plan.timings) >= 2, plan.report()
+    untuned = jdtr.plan(loss, w, x, budget=0.7, autotune=False)
+    assert untuned.timings == () and "autotuned" not in untuned.report()
+    assert untuned.compiled_bytes in [t.compiled_bytes for t in plan.timings]
     (chosen,) = [t for t in plan.timings if t.chosen]
     fastest = min(t.seconds for t in plan.timings)
     ties = [t for t in plan.timings if t.seconds <= fastest * 1.02]
@@ -166,7 +172,7 @@ def test_autotune_keeps_the_fastest_plan_within_the_budget():
     assert all(t.compiled_bytes <= plan.budget_bytes * (1 + SLACK) for t in plan.timings)
     assert "autotuned: fastest of" in plan.report()
     assert_trees_close(jax.jit(plan.grad)(w, x), jax.grad(loss)(w, x), rtol=1e-4, atol=1e-5)
-    tuned = jax.jit(jdtr.remat_grad(loss, budget=0.7, autotune=True))
+    tuned = jax.jit(jdtr.remat_grad(loss, budget=0.7))
     assert_trees_close(tuned(w, x), jax.grad(loss)(w, x), rtol=1e-4, atol=1e-5)
 
 

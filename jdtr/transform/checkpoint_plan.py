@@ -29,8 +29,10 @@ reach into a conditional's branch, so the plan survives any compiler flags.
 
 from __future__ import annotations
 
+import concurrent.futures
 import dataclasses
 import functools
+import os
 import warnings
 from dataclasses import dataclass
 from typing import Any, Callable, Hashable, Optional, Sequence, Union
@@ -67,6 +69,9 @@ PLAN_SLACK = 0.10
 IMPLEMENTATIONS = ("auto", "checkpoint", "protected")
 # Autotuning: step times within this fraction of the fastest count as equal.
 TIE_TOLERANCE = 0.02
+# Autotuning's candidates: DTR's plans for these fractions of the budget.
+# Fine steps matter: on the CPU the fastest transformer plan came from 0.35.
+AUTOTUNE_SCALES = (0.7, 0.5, 0.35, 0.25)
 
 
 # --------------------------------------------------------------------- policy
@@ -141,8 +146,9 @@ class Plan:
       compiled_bytes: XLA's argument + output + temporary bytes of the planned step
         (None if not compiled yet).
       unconstrained_compiled_bytes: the same for `jax.grad` without remat.
-      timings: with `autotune=True`, every candidate plan within the budget
-        that was compiled and timed (a `Timing` each; one is `chosen`).
+      timings: when autotuned (the default), every candidate plan within
+        the budget that was compiled and timed (a `Timing` each; one is
+        `chosen`); empty with `autotune=False`.
       policy: one `SavePolicy` for the whole plan (names and signatures).
     """
 
@@ -710,8 +716,23 @@ def _run_segment(program: Program, seg: Segment, env: dict, consts: dict, implem
 
 def _compile(fn: Callable, specs: Sequence) -> tuple[Any, int]:
     """`fn` compiled for these shapes, and XLA's argument + output + temporary bytes for it."""
+    return _compiled_and_bytes(_lower(fn, specs).compile())
+
+
+def _lower(fn: Callable, specs: Sequence) -> Any:
     structs = [s for s in specs if not isinstance(s, _Static)]
-    compiled = jax.jit(fn).lower(*structs).compile()
+    return jax.jit(fn).lower(*structs)
+
+
+def _compile_all(lowered: Sequence[Any]) -> list[tuple[Any, int]]:
+    """Compiles in threads: XLA compiles without the GIL, so candidates overlap."""
+    if len(lowered) < 2:
+        return [_compiled_and_bytes(x.compile()) for x in lowered]
+    with concurrent.futures.ThreadPoolExecutor(max_workers=min(len(lowered), os.cpu_count() or 1)) as pool:
+        return list(pool.map(lambda x: _compiled_and_bytes(x.compile()), lowered))
+
+
+def _compiled_and_bytes(compiled: Any) -> tuple[Any, int]:
     analysis = compiled.memory_analysis()
     if analysis is None:  # some backends do not report
         return compiled, 0
@@ -827,7 +848,7 @@ def make_plan(
     has_aux: bool = False,
     heuristic: Union[str, Heuristic] = "dtr_eq",
     implementation: str = "auto",
-    autotune: bool = False,
+    autotune: Optional[bool] = None,
     max_attempts: int = 6,
 ) -> Plan:
     """Simulates DTR at `budget` and exports its decisions as checkpoint segments."""
@@ -857,7 +878,7 @@ def make_plan(
     compiled: list[tuple[Plan, Any]] = []  # every plan measured, with its executable
 
     def measure(candidate: Plan) -> Plan:
-        executable, nbytes = _compile(lambda *t: _grad_of(candidate, config, t), specs)
+        executable, nbytes = _compile(_step_of(candidate, config), specs)
         measured = dataclasses.replace(
             candidate, budget_bytes=target, compiled_bytes=nbytes, unconstrained_compiled_bytes=unconstrained
         )
@@ -901,18 +922,32 @@ def make_plan(
             op_name="the compiled step",
             source=source,
         )
-    if not autotune:
+    if autotune is False:
         return chosen
     structs = [s for s in specs if not isinstance(s, _Static)]
     if not can_autotune(structs):
-        warnings.warn("autotune needs example inputs and cannot make PRNG keys; the plan is chosen by memory", stacklevel=3)
+        if autotune:  # asked for explicitly: say why it did not happen
+            warnings.warn(
+                "autotune needs example inputs and cannot make PRNG keys; the plan is chosen by memory", stacklevel=3
+            )
         return chosen
     # Candidates: the plans DTR makes for smaller budgets, which also fit.
-    for scale in (0.7, 0.5, 0.35, 0.25):
-        plan = _search_simulated_budget(config, forward, vg, sim_peak, effective_target * scale, heuristic, simulations)
+    # Coarser searches suffice for them (within 1/64 of the peak), and they
+    # are lowered first, then compiled side by side.
+    candidates = []
+    for scale in AUTOTUNE_SCALES:
+        plan = _search_simulated_budget(
+            config, forward, vg, sim_peak, effective_target * scale, heuristic, simulations, steps=6
+        )
         if plan is not None and _layout(plan) not in tried:
             tried.add(_layout(plan))
-            measure(plan)
+            candidates.append(plan)
+    lowered = [_lower(_step_of(c, config), specs) for c in candidates]
+    for candidate, (executable, nbytes) in zip(candidates, _compile_all(lowered)):
+        measured = dataclasses.replace(
+            candidate, budget_bytes=target, compiled_bytes=nbytes, unconstrained_compiled_bytes=unconstrained
+        )
+        compiled.append((measured, executable))
     limit = max(target, chosen.compiled_bytes)
     fitting = [(plan, executable) for plan, executable in compiled if plan.compiled_bytes <= limit]
     seconds = median_step_seconds([executable for _, executable in fitting], example_inputs(structs))
@@ -959,6 +994,10 @@ def _search_simulated_budget(
     return smallest
 
 
+def _step_of(plan: Plan, config: _Config) -> Callable:
+    return lambda *traced: _grad_of(plan, config, traced)
+
+
 def _grad_of(plan: Plan, config: _Config, traced):
     positions = _traced_argnums(config)
 
@@ -980,7 +1019,7 @@ def plan(
     has_aux: bool = False,
     heuristic: Union[str, Heuristic] = "dtr_eq",
     implementation: str = "auto",
-    autotune: bool = False,
+    autotune: Optional[bool] = None,
     **kwargs,
 ) -> Plan:
     """A checkpoint plan for `fun`'s gradient at `budget`.
@@ -995,12 +1034,16 @@ def plan(
       implementation: "checkpoint" (plain `jax.checkpoint` segments),
         "protected" (segments XLA's CSE cannot undo) or "auto" (protected
         on the CPU, where XLA strips checkpoint barriers).
-      autotune: if True, also compile the plans DTR makes for smaller
-        budgets, time every plan within the budget on example inputs (a few
-        steps each, during planning) and keep the fastest; `plan.timings`
-        lists them; times within 2% of the fastest are a tie, won by the
-        smaller plan. Where recomputation is cheap (XLA on the CPU) the
-        fastest plan is often one that saves less.
+      autotune: whether to choose among plans by timing them. By default
+        (None) and with True, the plans DTR makes for 0.7, 0.5, 0.35 and
+        0.25 of the budget are compiled too, every plan within the budget
+        runs a few steps on example inputs during planning, and the fastest
+        is kept (`plan.timings` lists them; within 2% of the fastest is a
+        tie, won by the smaller plan). Where recomputation is cheap (XLA on
+        the CPU) the fastest plan is often one that saves less than DTR's
+        cost model prefers. This makes planning a few times slower (more
+        compiles); False plans by the cost model alone. Without example
+        inputs (PRNG key arguments) the cost model decides; True then warns.
 
     Raises:
       OutOfBudgetError: if no plan's compiled step fits the budget (within
@@ -1059,7 +1102,7 @@ def remat_grad(
     budget: BudgetLike,
     heuristic: Union[str, Heuristic] = "dtr_eq",
     implementation: str = "auto",
-    autotune: bool = False,
+    autotune: Optional[bool] = None,
 ) -> Callable:
     """Like `jax.grad`, with DTR's decisions compiled in as checkpoint segments.
 
@@ -1083,7 +1126,7 @@ def remat_value_and_grad(
     budget: BudgetLike,
     heuristic: Union[str, Heuristic] = "dtr_eq",
     implementation: str = "auto",
-    autotune: bool = False,
+    autotune: Optional[bool] = None,
 ) -> Callable:
     """`jax.value_and_grad` with DTR's decisions compiled in; see `remat_grad`."""
     return _RematGrad(fun, argnums, has_aux, budget, heuristic, implementation, autotune, value=True)
