@@ -22,7 +22,7 @@ import pytest
 
 import jdtr
 from jdtr.cli import main
-from jdtr.simulator import CheckmateGraph, checkmate_graph
+from jdtr.simulator import CheckmateGraph, checkmate_graph, interval_bound
 from jdtr.trace import Call, Constant, Mutate, Release, Trace
 
 pytest.importorskip("scipy")
@@ -198,6 +198,37 @@ def test_optimum_on_chains_equals_the_search_over_all_schedules(seed):
         else:
             assert result.status == "optimal" and result.total_cost == expected, budget
     assert expected == trace.program.compute_cost  # at the unconstrained peak: no recomputation
+
+
+def test_interval_bound_is_below_every_optimum_and_above_the_baseline_when_memory_is_short():
+    """The relaxation behind `OptimalResult.bound` for large traces: never
+    above the optimum over all schedules (chains: every sequence of
+    computations and frees) or over Checkmate's stage schedules (random
+    graphs), and above the baseline where the budget forces recomputation."""
+    cases = [checkmate_graph(chain_trace(4, seed).program) for seed in range(4)]
+    cases += [checkmate_graph(graph_trace(*random_graph(seed, 6)).program) for seed in range(6)]
+    above_baseline = 0
+    for index, graph in enumerate(cases):
+        search = path_search if index < 4 else stage_search
+        baseline = sum(graph.costs)
+        peak = graph.unconstrained_peak_bytes()
+        for budget in range(graph.required_bytes(), peak + 11, 10):
+            optimum = search(graph, budget)
+            bound = interval_bound(graph, budget)
+            assert bound <= optimum + 1e-9, (index, budget, bound, optimum)
+            assert bound >= baseline
+            above_baseline += bound > baseline
+        assert interval_bound(graph, peak) == baseline
+    assert above_baseline >= 10
+
+
+def test_a_timeout_still_bounds_the_optimum_from_below(mlp_trace):
+    """With no time for the MILP, the relaxation's bound is reported: at most
+    the optimum, and more than the baseline at a budget that forces work."""
+    optimum = jdtr.optimal(mlp_trace, 0.7, rel_gap=0.0)
+    rushed = jdtr.optimal(mlp_trace, 0.7, time_limit=0.0)
+    assert optimum.status == "optimal" and rushed.status == "timeout"
+    assert rushed.baseline_cost < rushed.bound <= optimum.total_cost + 1e-6
 
 
 def test_graph_of_views_and_multi_output_calls():

@@ -19,7 +19,8 @@ import pytest
 import jdtr
 from jdtr.cli import main
 from jdtr.runtime import NullBackend, Runtime
-from jdtr.simulator import format_table, sweep
+from jdtr.budget import parse_budget
+from jdtr.simulator import checkmate_graph, format_table, interval_bound, run_baseline, sweep
 from jdtr.trace import (
     Annotate,
     Call,
@@ -79,6 +80,26 @@ def test_readme_overheads_reproduced_exactly(name, ratios, expected):
         if result.ok:  # the brief's tolerance, implied by the exact match above
             assert result.overhead == pytest.approx(float(want), rel=0.02)
             assert result.peak_bytes <= result.budget_bytes
+
+
+@pytest.mark.parametrize(
+    "name, ratios, expected",
+    [("resnet32-56.log", RESNET_RATIOS, RESNET_RESULTS), ("unet-6.log", UNET_RATIOS, UNET_RESULTS)],
+)
+def test_optimum_lower_bound_lies_below_the_readme_figures(name, ratios, expected):
+    """Checkmate's MILP is out of HiGHS's reach on these logs; the interval
+    relaxation still bounds the optimum from below, so it must lie under the
+    compute the paper's DTR achieved, and above the baseline when memory is short."""
+    pytest.importorskip("scipy")
+    trace = Trace.from_log(shared_log(name))
+    graph = checkmate_graph(trace.program)
+    peak = run_baseline(trace.program).peak_bytes
+    for ratio, want in zip(ratios, expected):
+        if want in ("OOM", "thrash"):
+            continue
+        bound = interval_bound(graph, parse_budget(ratio).resolve(peak)) / sum(graph.costs)
+        assert bound <= float(want), (ratio, bound)
+        assert bound > 1.0 or ratio == 1.0, (ratio, bound)
 
 
 def test_readme_trace_figures(paper_log):

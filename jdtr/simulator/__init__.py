@@ -9,6 +9,7 @@ MILP on the same trace: the least compute any rematerialization schedule needs.
 from ._optimal import CheckmateGraph as CheckmateGraph
 from ._optimal import OptimalResult as OptimalResult
 from ._optimal import checkmate_graph as checkmate_graph
+from ._optimal import interval_bound as interval_bound
 from ._optimal import optimal as optimal
 from ._plot import plot_sweep as plot_sweep
 from ._simulate import Baseline as Baseline
@@ -27,6 +28,7 @@ __all__ = [
     "SimResult",
     "checkmate_graph",
     "format_table",
+    "interval_bound",
     "optimal",
     "plot_sweep",
     "run_baseline",

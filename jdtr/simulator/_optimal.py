@@ -30,6 +30,11 @@ only wasteful schedules help the solver: a stage recomputes or holds a value
 only if it reads it or keeps it, and never recomputes a value it holds.
 It is solved with HiGHS through `scipy.optimize.milp`.
 
+The MILP has on the order of n^2 binaries, beyond HiGHS for the paper's
+logs (several hundred nodes). For those, `interval_bound` gives a lower
+bound from a relaxation with one binary per read of a value, solved in
+seconds, and `optimal` reports it when the time limit comes first.
+
 The graph is Checkmate's linear graph of the trace (`checkmate_graph`): one
 node per storage a `CALL` creates, with its size and cost, and edges from the
 storages its arguments live in. Constants (weights, inputs) are not nodes:
@@ -49,6 +54,8 @@ from ..trace import ComputeStep, Program, Trace
 from ._simulate import as_trace, run_baseline
 
 STATUSES = ("optimal", "timeout", "infeasible")
+# Seconds the interval relaxation (`interval_bound`) may take at most.
+INTERVAL_TIME_LIMIT = 10.0
 
 
 @dataclass(frozen=True)
@@ -68,10 +75,11 @@ class OptimalResult:
       overhead: total_cost / baseline_cost, comparable with
         `SimResult.overhead`; None without a schedule.
       budget_bytes: the budget.
-      bound: a lower bound on the optimal total compute: the solver's dual
-        bound (equal to total_cost, up to `rel_gap`, when optimal), or after
-        a timeout without a schedule the LP relaxation's optimum; None when
-        even that ran out of time.
+      bound: a lower bound on the optimal total compute: the better of the
+        solver's dual bound and a small relaxation's (`interval_bound`),
+        equal to total_cost (up to `rel_gap`) when optimal. None only for
+        "infeasible". After a timeout on a large trace, often the only
+        answer: the optimum lies between it and the best schedule known.
       recomputations: node computations beyond the first of each; None
         without a schedule.
       unconstrained_peak_bytes: the model's memory peak when every node is
@@ -327,6 +335,81 @@ def _build(graph: CheckmateGraph, budget_bytes: int) -> tuple[_Model, dict[tuple
     return model, R
 
 
+def interval_bound(graph: CheckmateGraph, budget_bytes: int, time_limit: Optional[float] = 10.0) -> float:
+    """A lower bound on the optimum's total compute, from a small relaxation.
+
+    Look at the moments the nodes are first computed (in order, as in every
+    frontier-advancing schedule and in every DTR run). Between two reads of
+    a value (or its computation and its first read, or its last read and
+    the end, for an output) it is either resident at each of these moments
+    or, if absent at one, computed again before the next read — once per
+    such interval at least, since the intervals do not overlap. At the
+    moment node t runs, memory holds the constants, node t and its inputs,
+    and every value in an interval around t that was not dropped. Choosing
+    the intervals to drop at least cost (a knapsack per moment, shared
+    variables) bounds the optimum from below: recomputing a value is
+    charged once, and what that recomputation itself needs (its inputs,
+    their memory) is left out. The relaxation has one binary per read, not
+    per stage and node, so HiGHS solves it for the paper's logs in seconds;
+    on a time limit, its own dual bound is still a bound.
+    """
+    import numpy as np
+    from scipy.optimize import Bounds, LinearConstraint, milp
+    from scipy.sparse import csr_array
+
+    n = len(graph)
+    baseline = float(sum(graph.costs))
+    users = graph.users()
+    outputs = set(graph.outputs)
+    unit = max(1.0, budget_bytes / 1e4)  # see _build: bytes are beyond HiGHS's tolerances
+    costs: list[float] = []
+    open_at: list[list[tuple[int, float]]] = [[] for _ in range(n)]  # moment -> (variable, size)
+    for i in range(n):
+        if not graph.sizes[i]:
+            continue
+        reads = sorted(set(users[i])) + ([n] if i in outputs else [])
+        previous = i
+        for read in reads:
+            if read - previous > 1:  # a moment in between: the value may be absent there
+                var = len(costs)
+                costs.append(graph.costs[i])
+                for t in range(previous + 1, read):
+                    open_at[t].append((var, graph.sizes[i] / unit))
+            previous = read
+    rows, cols, values, lower = [], [], [], []
+    for t in range(n):
+        required = graph.constant_bytes + graph.sizes[t] + sum(graph.sizes[i] for i in graph.deps[t])
+        optional = sum(size for _, size in open_at[t])
+        excess = required / unit + optional - budget_bytes / unit
+        if excess <= 0:
+            continue  # everything fits at this moment
+        for var, size in open_at[t]:  # drop at least the excess
+            rows.append(len(lower))
+            cols.append(var)
+            values.append(size)
+        lower.append(excess)
+    if not lower:
+        return baseline
+    if not costs:
+        return math.inf  # some moment cannot fit even with everything optional dropped
+    matrix = csr_array((values, (rows, cols)), shape=(len(lower), len(costs)))
+    options: dict[str, Any] = {"disp": False}
+    if time_limit is not None:
+        options["time_limit"] = float(time_limit)
+    solution = milp(
+        np.asarray(costs),
+        integrality=np.ones(len(costs)),
+        bounds=Bounds(0.0, 1.0),
+        constraints=LinearConstraint(matrix, np.asarray(lower), np.inf),
+        options=options,
+    )
+    if solution.status == 2:
+        return math.inf
+    # The dual bound, not the schedule found: HiGHS stops within a gap of it.
+    bound = getattr(solution, "mip_dual_bound", None)
+    return baseline + (max(float(bound), 0.0) if bound is not None and math.isfinite(bound) else 0.0)
+
+
 def _solver_name() -> str:
     import scipy
 
@@ -373,7 +456,9 @@ def optimal(
       budget: bytes (int), a size with a unit ("4GB"), or a float in (0, 1]:
         a fraction of the simulator's unconstrained peak (as `jdtr.simulate`
         reads it, so that both get the same budget in bytes).
-      time_limit: seconds HiGHS may take (None: no limit).
+      time_limit: seconds HiGHS may take on the MILP (None: no limit); the
+        relaxation behind `bound` takes at most `INTERVAL_TIME_LIMIT` (10 s)
+        more, usually milliseconds.
       rel_gap: HiGHS stops once the best schedule is within this fraction of
         the lower bound; 0 proves optimality exactly.
 
@@ -437,6 +522,9 @@ def optimal(
         return result("infeasible", f"no schedule fits: it needs at least {facts['required_bytes']} bytes")
     if not len(graph):
         return result("optimal", "nothing to compute", 0.0, 0.0, 0)
+    relaxed = interval_bound(graph, budget_bytes, INTERVAL_TIME_LIMIT)
+    if relaxed == math.inf:
+        return result("infeasible", "no schedule fits: some step's values alone exceed the budget")
     model, R = _build(graph, budget_bytes)
     matrix = csr_array(
         (model.values, (model.rows, model.cols)), shape=(len(model.row_lower), len(model.lower)), dtype=float
@@ -461,17 +549,14 @@ def optimal(
     if solution.status not in (0, 1):
         raise RuntimeError(f"HiGHS failed on the rematerialization MILP: {solution.message}")
     bound = getattr(solution, "mip_dual_bound", None)
-    bound = None if bound is None or not math.isfinite(bound) else float(bound)
+    bound = relaxed if bound is None or not math.isfinite(bound) else max(float(bound), relaxed)
     status = "optimal" if solution.status == 0 else "timeout"
     if solution.x is None:
-        # HiGHS reports its bound only with a schedule; the LP relaxation's
-        # optimum is a bound too (a weaker one).
-        relaxed = milp(options={k: v for k, v in options.items() if k != "mip_rel_gap"}, **problem)
-        if relaxed.status == 0:
-            bound = max(float(relaxed.fun), baseline)
         return result(status, solution.message, bound=bound, **solver)
     computed = [(t, i) for (t, i), var in R.items() if solution.x[var] > 0.5]
     total = float(sum(graph.costs[i] for _, i in computed))
+    if status == "timeout" and total <= bound * (1 + rel_gap):
+        status = "optimal"  # the relaxation proves the schedule found optimal
     if status == "optimal":
-        bound = total if bound is None else min(bound, total)
+        bound = min(bound, total)
     return result(status, solution.message, total, bound, len(computed) - len(graph), **solver)
