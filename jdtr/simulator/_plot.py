@@ -71,10 +71,19 @@ def plot_sweep(
 
 def _plot_optimal(axes, ratios: Sequence[float], optimal: "Sequence[Optional[OptimalResult]]") -> None:
     solved = [(x, r.overhead) for x, r in zip(ratios, optimal) if r is not None and r.status == "optimal"]
-    axes.plot([x for x, _ in solved], [y for _, y in solved], color="black", linestyle=":", marker="*",
-              markersize=9, label="optimal (Checkmate MILP)")  # fmt: skip
+    if solved:
+        axes.plot([x for x, _ in solved], [y for _, y in solved], color="black", linestyle=":", marker="*",
+                  markersize=9, label="optimal (Checkmate MILP)")  # fmt: skip
+    bounds_only = [
+        (x, r.bound / r.baseline_cost)
+        for x, r in zip(ratios, optimal)
+        if r is not None and r.status == "timeout" and r.overhead is None and r.bound is not None and r.baseline_cost
+    ]
+    if bounds_only:  # no schedule from the MILP: the optimum lies on or above this line
+        axes.plot([x for x, _ in bounds_only], [y for _, y in bounds_only], color="black", linestyle="--",
+                  marker="_", markersize=10, label="optimum is at least (relaxation)")  # fmt: skip
     for x, r in zip(ratios, optimal):
-        if r is None or r.status != "timeout":
+        if r is None or r.status != "timeout" or r.overhead is None:
             continue
         if r.bound is not None and r.baseline_cost > 0:
             low = r.bound / r.baseline_cost
