@@ -227,19 +227,22 @@ def gap_summary(
 ) -> str:
     """How far each heuristic is from the optimum: where it is proven (`proven`),
     or at most, from the lower bound, wherever one is known."""
+
+    def reference(o: OptimalResult) -> Optional[float]:
+        if proven:
+            return o.total_cost if o.status == "optimal" else None
+        return o.bound
+
     lines = []
     for start in range(0, len(results), len(ratios)):
         row = results[start : start + len(ratios)]
         # The simulator's clock starts at 1 (as simrd's): compare compute, not that offset.
-        gaps = [
-            (r.baseline_cost + r.remat_cost) / reference - 1.0
-            for r, o in zip(row, optimal)
-            if r.ok and (reference := (o.total_cost if o.status == "optimal" else None) if proven else o.bound)
-        ]
-        if gaps and proven:
-            lines.append(f"{row[0].heuristic} {max(gaps):.1%} ({sum(g < 1e-4 for g in gaps)} of {len(gaps)} optimal)")
-        elif gaps:
-            lines.append(f"{row[0].heuristic} {max(gaps):.1%}")
+        compute = [(r.baseline_cost + r.remat_cost, reference(o)) for r, o in zip(row, optimal) if r.ok]
+        gaps = [total / best - 1.0 for total, best in compute if best]
+        if not gaps:
+            continue
+        count = f" ({sum(g < 1e-4 for g in gaps)} of {len(gaps)} optimal)" if proven else ""
+        lines.append(f"{row[0].heuristic} {max(gaps):.1%}{count}")
     return "; ".join(lines)
 
 

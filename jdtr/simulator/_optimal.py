@@ -300,10 +300,7 @@ def _build(graph: CheckmateGraph, budget_bytes: int) -> tuple[_Model, dict[tuple
     for (t, i), s in S.items():  # nor recomputes a value it holds
         if (t, i) in R:
             model.constraint([(s, 1.0), (R[t, i], 1.0)], -math.inf, 1.0)
-    # Memory in units of a ten-thousandth of the budget: coefficients in
-    # bytes (up to 1e10 for the paper's logs) are beyond HiGHS's tolerances,
-    # and its presolve then calls feasible models infeasible.
-    unit = max(1.0, budget_bytes / 1e4)
+    unit = _memory_unit(budget_bytes)
     sizes = [size / unit for size in sizes]
     constant_memory = graph.constant_bytes / unit
     for t in range(n):
@@ -335,7 +332,17 @@ def _build(graph: CheckmateGraph, budget_bytes: int) -> tuple[_Model, dict[tuple
     return model, R
 
 
-def interval_bound(graph: CheckmateGraph, budget_bytes: int, time_limit: Optional[float] = 10.0) -> float:
+def _memory_unit(budget_bytes: int) -> float:
+    """Bytes per unit of memory in the solver's models: a ten-thousandth of
+    the budget. Coefficients in bytes (up to 1e10 for the paper's logs) are
+    beyond HiGHS's tolerances, and its presolve then calls feasible models
+    infeasible."""
+    return max(1.0, budget_bytes / 1e4)
+
+
+def interval_bound(
+    graph: CheckmateGraph, budget_bytes: int, time_limit: Optional[float] = INTERVAL_TIME_LIMIT
+) -> float:
     """A lower bound on the optimum's total compute, from a small relaxation.
 
     Look at the moments the nodes are first computed (in order, as in every
@@ -361,7 +368,7 @@ def interval_bound(graph: CheckmateGraph, budget_bytes: int, time_limit: Optiona
     baseline = float(sum(graph.costs))
     users = graph.users()
     outputs = set(graph.outputs)
-    unit = max(1.0, budget_bytes / 1e4)  # see _build: bytes are beyond HiGHS's tolerances
+    unit = _memory_unit(budget_bytes)
     costs: list[float] = []
     open_at: list[list[tuple[int, float]]] = [[] for _ in range(n)]  # moment -> (variable, size)
     for i in range(n):
@@ -522,7 +529,7 @@ def optimal(
         return result("infeasible", f"no schedule fits: it needs at least {facts['required_bytes']} bytes")
     if not len(graph):
         return result("optimal", "nothing to compute", 0.0, 0.0, 0)
-    relaxed = interval_bound(graph, budget_bytes, INTERVAL_TIME_LIMIT)
+    relaxed = interval_bound(graph, budget_bytes)
     if relaxed == math.inf:
         return result("infeasible", "no schedule fits: some step's values alone exceed the budget")
     model, R = _build(graph, budget_bytes)

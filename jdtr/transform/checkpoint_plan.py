@@ -877,8 +877,8 @@ def make_plan(
     simulations: dict = {}
     compiled: list[tuple[Plan, Any]] = []  # every plan measured, with its executable
 
-    def measure(candidate: Plan) -> Plan:
-        executable, nbytes = _compile(_step_of(candidate, config), specs)
+    def record(candidate: Plan, executable_and_bytes: tuple[Any, int]) -> Plan:
+        executable, nbytes = executable_and_bytes
         measured = dataclasses.replace(
             candidate, budget_bytes=target, compiled_bytes=nbytes, unconstrained_compiled_bytes=unconstrained
         )
@@ -892,7 +892,7 @@ def make_plan(
         if _layout(plan) in tried:
             break  # asking for less no longer changes the plan: nothing better to find
         tried.add(_layout(plan))
-        plan = measure(plan)
+        plan = record(plan, _compile(_step_of(plan, config), specs))
         if best is None or plan.compiled_bytes < best.compiled_bytes:
             best = plan
         if plan.compiled_bytes <= target:
@@ -943,11 +943,8 @@ def make_plan(
             tried.add(_layout(plan))
             candidates.append(plan)
     lowered = [_lower(_step_of(c, config), specs) for c in candidates]
-    for candidate, (executable, nbytes) in zip(candidates, _compile_all(lowered)):
-        measured = dataclasses.replace(
-            candidate, budget_bytes=target, compiled_bytes=nbytes, unconstrained_compiled_bytes=unconstrained
-        )
-        compiled.append((measured, executable))
+    for candidate, executable_and_bytes in zip(candidates, _compile_all(lowered)):
+        record(candidate, executable_and_bytes)
     limit = max(target, chosen.compiled_bytes)
     fitting = [(plan, executable) for plan, executable in compiled if plan.compiled_bytes <= limit]
     seconds = median_step_seconds([executable for _, executable in fitting], example_inputs(structs))
