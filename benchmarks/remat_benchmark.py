@@ -76,7 +76,7 @@ def run(name, factory, layers, ratios, repeats, tune=True):
             label = f"jdtr.remat_grad budget {ratio}" + ("" if autotune else ", autotune=False")
             rows.append({"label": label, "bytes": nbytes, "exe": exe, "budget": plan.budget_bytes,
                          "segments": len(plan.segments), "depth": max(seg.depth for seg in plan.segments),
-                         "planning": planning})
+                         "origin": plan.origin, "planning": planning})
     times = {r["label"]: [] for r in rows}
     for r in rows:
         jax.block_until_ready(r["exe"](*args))
@@ -102,7 +102,7 @@ def run(name, factory, layers, ratios, repeats, tune=True):
             if tied and not dominated:
                 front += f" (within {TIE:.0%}: " + ", ".join(tied) + ")"
         budget = "" if r["budget"] is None else f"{r['budget'] / 2**20:.1f}"
-        shape = "" if r["budget"] is None else f"{r['segments']} ({r['depth']}), {r['planning']:.0f}"
+        shape = "" if r["budget"] is None else f"{r['segments']} ({r['depth']}{', uniform' if r['origin'] == 'uniform' else ''}), {r['planning']:.0f}"
         lines.append(
             f"| {r['label']} | {r['bytes'] / 2**20:.1f} | {r['bytes'] / unconstrained:.2f} | {r['time'] * 1e3:.1f} | "
             f"{r['time'] / base_time:.2f} | {budget} | {shape} | {front} |"

@@ -176,6 +176,47 @@ def test_autotune_keeps_the_fastest_plan_within_the_budget():
     assert_trees_close(tuned(w, x), jax.grad(loss)(w, x), rtol=1e-4, atol=1e-5)
 
 
+def test_uniform_candidate_is_sqrt_n_checkpointing():
+    """Autotuning also times evenly spaced segments that save nothing inside:
+    on a chain of 16 layers that is about sqrt(16) segments, as small in
+    XLA's memory as a jax.checkpoint every 4 layers, with exact gradients."""
+    from jdtr.transform import checkpoint_plan as cpn
+
+    loss = tanh_chain(16)
+    w = jax.random.normal(jax.random.PRNGKey(0), (64, 64)) / 8
+    x = jax.random.normal(jax.random.PRNGKey(1), (512, 64))
+
+    def block(h, w):
+        for _ in range(4):
+            h = jnp.tanh(h @ w)
+        return h
+
+    def sqrt_n(w, x):
+        h = x
+        for _ in range(4):
+            h = jax.checkpoint(block, policy=jax.checkpoint_policies.nothing_saveable)(h, w)
+        return jnp.sum(h**2)
+
+    options = {"xla_disable_hlo_passes": "cse_barrier_expander"}  # else XLA on the CPU undoes jax.checkpoint
+    analysis = jax.jit(jax.grad(sqrt_n), compiler_options=options).lower(w, x).compile().memory_analysis()
+    builtin = analysis.argument_size_in_bytes + analysis.output_size_in_bytes + analysis.temp_size_in_bytes
+
+    base = jdtr.plan(loss, w, x, budget=0.7, autotune=False)
+    vg = cpn._value_and_grad_program(base._config, base.program)
+    uniform = cpn._uniform_plan(base, base._config, vg)
+    assert 3 <= len(uniform.segments) <= 6, uniform.report()
+    assert all(seg.saved == () for seg in uniform.segments)
+    assert "uniform segments saving nothing inside" in uniform.report()
+    assert_trees_close(jax.jit(uniform.grad)(w, x), jax.grad(loss)(w, x), rtol=1e-4, atol=1e-5)
+    compiled = cpn._compiled_bytes(cpn._step_of(uniform, base._config), [w, x])
+    assert compiled <= builtin * (1 + SLACK), (compiled, builtin)
+    assert compiled < base.compiled_bytes  # it saves less than DTR's plan at this budget
+
+    tuned = jdtr.plan(loss, w, x, budget=0.7)
+    (timed,) = [t for t in tuned.timings if t.origin == "uniform"]
+    assert timed.compiled_bytes == compiled and timed.segments == len(uniform.segments)
+
+
 def test_value_and_grad_has_aux_and_argnums():
     m = model("mlp")
 
@@ -278,3 +319,13 @@ def test_data_parallel_sharded_step_on_8_cpu_devices():
     result = subprocess.run([sys.executable, "-c", SHARDED], env=env, capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stderr[-3000:]
     assert "sharded ok 16" in result.stdout
+
+
+def test_device_peak_script_refuses_a_backend_without_allocator_stats():
+    """benchmarks/device_peak.py reads the allocator's peak, which the CPU
+    does not report: it must say so and fail, not write a table of zeros."""
+    script = os.path.join(os.path.dirname(__file__), os.pardir, "benchmarks", "device_peak.py")
+    env = dict(os.environ, JAX_PLATFORMS="cpu")
+    done = subprocess.run([sys.executable, script], capture_output=True, text=True, env=env, timeout=300)
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert "reports no memory_stats()" in done.stderr and done.stdout == ""

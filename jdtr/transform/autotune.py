@@ -31,12 +31,15 @@ class Timing:
       seconds: median wall time of one step.
       segments: the plan's number of top-level checkpoint segments.
       chosen: whether this candidate became the plan.
+      origin: "dtr" (read from a DTR simulation) or "uniform" (evenly
+        spaced segments that save nothing inside); see `Plan.origin`.
     """
 
     compiled_bytes: int
     seconds: float
     segments: int
     chosen: bool = False
+    origin: str = "dtr"
 
 
 def can_autotune(structs: Sequence[jax.ShapeDtypeStruct]) -> bool:

@@ -150,6 +150,10 @@ class Plan:
         the budget that was compiled and timed (a `Timing` each; one is
         `chosen`); empty with `autotune=False`.
       policy: one `SavePolicy` for the whole plan (names and signatures).
+      origin: "dtr" where the segments are read from `simulated`; "uniform"
+        for the autotuning candidate of evenly spaced segments that save
+        nothing inside (Chen et al.'s sqrt(N) checkpointing; `simulated`
+        is then DTR's run at the budget, for comparison).
     """
 
     budget_bytes: int
@@ -162,6 +166,7 @@ class Plan:
     unconstrained_compiled_bytes: Optional[int] = None
     predicted_bytes: int = 0  # the plan's own model of the compiled step
     timings: tuple[Timing, ...] = ()
+    origin: str = "dtr"
 
     @functools.cached_property
     def policy(self) -> SavePolicy:
@@ -193,12 +198,16 @@ class Plan:
 
     def report(self) -> str:
         """What each segment saves and recomputes, like `print_saved_residuals`."""
-        lines = [
-            f"jdtr plan: budget {format_bytes(self.budget_bytes)}, {len(self.segments)} segments, "
+        simulation = (
             f"simulated peak {format_bytes(self.simulated.peak_bytes)} "
             f"(unconstrained {format_bytes(self.simulated.unconstrained_peak_bytes)}), "
             f"simulated overhead {self.simulated.overhead:.3f}x"
-        ]
+        )
+        if self.origin == "uniform":
+            head = f"{len(self.segments)} uniform segments saving nothing inside (DTR at this budget: {simulation})"
+        else:
+            head = f"{len(self.segments)} segments, {simulation}"
+        lines = [f"jdtr plan: budget {format_bytes(self.budget_bytes)}, {head}"]
         if self.compiled_bytes is not None:
             lines.append(
                 f"compiled step: {format_bytes(self.compiled_bytes)} (arguments + outputs + temporaries; "
@@ -207,7 +216,9 @@ class Plan:
         if self.timings:
             chosen = next(t for t in self.timings if t.chosen)
             others = ", ".join(
-                f"{format_bytes(t.compiled_bytes)} {t.seconds * 1e3:.1f} ms" for t in self.timings if not t.chosen
+                f"{format_bytes(t.compiled_bytes)} {t.seconds * 1e3:.1f} ms" + (" (uniform)" if t.origin == "uniform" else "")
+                for t in self.timings
+                if not t.chosen
             )
             lines.append(
                 f"autotuned: fastest of {len(self.timings)} plans within the budget, "
@@ -632,6 +643,60 @@ def _segments(
     return min(smallest, flat, key=lambda c: c[0])[1] if smallest is not None else flat[1]
 
 
+def _uniform_cuts(program: Program, crossings: _Crossings, residuals: set, count: int) -> list[int]:
+    """Cuts into `count` runs of about equal residual bytes, each at the
+    cheapest crossing within half a run of its even split point."""
+    body = program.body
+    before = [0]
+    for item in body:
+        before.append(before[-1] + sum(v.nbytes for v in item.outputs if v in residuals))
+    total = before[-1]
+    if total == 0:
+        return []
+    half = total / (2 * count)
+    cuts = []
+    for j in range(1, count):
+        goal = total * j / count
+        window = [i for i in range(cuts[-1] + 1 if cuts else 1, len(body)) if abs(before[i] - goal) <= half]
+        if window:
+            cuts.append(min(window, key=lambda i: (_crossing_bytes(crossings, i), abs(before[i] - goal))))
+    return cuts
+
+
+def _crossing_bytes(crossings: _Crossings, i: int) -> int:
+    """What a cut before item `i` keeps when nothing is saved: its crossing values."""
+    return sum(v.nbytes for v in crossings.live[i] if not _free_to_cross(v, set()))
+
+
+def _uniform_segments(program: Program, residuals: set[Value], gradient_bytes: int) -> tuple[Segment, ...]:
+    """Chen et al.'s checkpointing (2016) in jdtr's terms: flat segments that
+    save nothing inside, of equal residual bytes, as many as minimise the
+    predicted memory (about sqrt(N) for a chain of N layers).
+
+    Every such plan recomputes the whole forward pass once, so they differ
+    in memory only; DTR's plans recompute less but, where recomputation is
+    nearly free (XLA on the CPU fuses it into the backward pass), can take
+    longer for what they store. Autotuning times this plan beside DTR's.
+    """
+    crossings = _crossings(program)
+    memo, found = {}, []
+    limit = 2 * int(np.sqrt(len(program.body))) + 2
+    for count in range(2, max(limit, 3)):
+        cuts = _uniform_cuts(program, crossings, residuals, count)
+        bounds = [0, *cuts, len(program.body)]
+        segments = tuple(
+            _segment(program, crossings, set(), residuals, start, stop, i, memo=memo)
+            for i, (start, stop) in enumerate(zip(bounds[:-1], bounds[1:]))
+        )
+        found.append((_predicted_bytes(program, segments, gradient_bytes), segments))
+    # The predicted memory is flat around its minimum (kept inputs trade
+    # against the largest recomputation); XLA's own count is lowest in the
+    # middle of that plateau, where k + N/k is (measured on chains).
+    least = min(predicted for predicted, _ in found)
+    plateau = [segments for predicted, segments in found if predicted == least]
+    return plateau[len(plateau) // 2]
+
+
 def _protected_checkpoint(fn: Callable, policy: SavePolicy, differentiable: Sequence[bool]) -> Callable:
     """`jax.checkpoint(fn, policy)` whose backward recomputation XLA cannot merge away.
 
@@ -749,6 +814,27 @@ def _layout(plan: Plan) -> tuple:
     return tuple((seg.start, seg.stop, tuple(v.id for v in seg.saved)) for seg in plan.segments)
 
 
+def _backward_reads(forward: Program, vg: Program) -> dict[Value, Value]:
+    """The forward values the backward pass reads (the residuals), each with
+    its named counterpart in the value-and-grad program."""
+    names = {int(k[len(NAME_PREFIX) :]): v for k, v in vg.names.items() if k.startswith(NAME_PREFIX)}
+    forward_values = {v.id: v for item in forward.body for v in item.outputs}
+    position, last_use = {}, {}
+    for i, item in enumerate(vg.body):
+        for v in item.outputs:
+            position[v] = i
+        for v in item.args:
+            last_use[v] = i
+    # Where the forward pass ends in the value-and-grad program: the last named value.
+    forward_end = max((position.get(v, -1) for v in names.values()), default=-1)
+    reads = {}
+    for value_id, vg_value in names.items():
+        fwd_value = forward_values.get(value_id)
+        if fwd_value is not None and last_use.get(vg_value, -1) > forward_end:
+            reads[fwd_value] = vg_value
+    return reads
+
+
 def _plan_for(
     config: _Config, forward: Program, vg: Program, sim_budget: int, target: float, heuristic, max_depth: int = 1,
     simulations: Optional[dict] = None,
@@ -762,28 +848,9 @@ def _plan_for(
     if isinstance(simulations[sim_budget], Exception):
         raise simulations[sim_budget]
     counters, rematerialized, runtime = simulations[sim_budget]
-    names = {int(k[len(NAME_PREFIX) :]): v for k, v in vg.names.items() if k.startswith(NAME_PREFIX)}
-    forward_values = {v.id: v for item in forward.body for v in item.outputs}
-    # Where the forward pass ends in the value-and-grad program: the last named value.
-    position = {}
-    for i, item in enumerate(vg.body):
-        for v in item.outputs:
-            position[v] = i
-        for v in item.args:
-            position.setdefault(("use", v), i)
-    forward_end = max((position.get(v, -1) for v in names.values()), default=-1)
-    last_use = {}
-    for i, item in enumerate(vg.body):
-        for v in item.args:
-            last_use[v] = i
-    saved, residuals = set(), set()
-    for value_id, vg_value in names.items():
-        fwd_value = forward_values.get(value_id)
-        if fwd_value is None or last_use.get(vg_value, -1) <= forward_end:
-            continue  # not read by the backward pass
-        residuals.add(fwd_value)
-        if vg_value not in rematerialized:
-            saved.add(fwd_value)
+    reads = _backward_reads(forward, vg)
+    residuals = set(reads)
+    saved = {fwd_value for fwd_value, vg_value in reads.items() if vg_value not in rematerialized}
     gradient_bytes = sum(v.nbytes for v, d in zip(forward.inputs, _traced_flags(config)) if d)
     segments = _segments(forward, saved, residuals, target, gradient_bytes, max_depth)
     saved_all = frozenset(saved | {v for s in segments for v in s.inputs})
@@ -812,6 +879,18 @@ def _plan_for(
     )
     predicted = _predicted_bytes(forward, segments, gradient_bytes)
     return Plan(0, segments, saved_all, simulated, forward, config, predicted_bytes=predicted)
+
+
+def _uniform_plan(base: Plan, config: _Config, vg: Program) -> Plan:
+    """The uniform-segments candidate, beside DTR's `base` plan for the same step."""
+    forward = base.program
+    gradient_bytes = sum(v.nbytes for v, d in zip(forward.inputs, _traced_flags(config)) if d)
+    segments = _uniform_segments(forward, set(_backward_reads(forward, vg)), gradient_bytes)
+    saved = frozenset(v for s in segments for v in s.inputs)
+    predicted = _predicted_bytes(forward, segments, gradient_bytes)
+    return dataclasses.replace(
+        base, segments=segments, saved=saved, predicted_bytes=predicted, compiled_bytes=None, origin="uniform"
+    )
 
 
 def _value_and_grad_program(config: _Config, forward: Program) -> Program:
@@ -942,6 +1021,9 @@ def make_plan(
         if plan is not None and _layout(plan) not in tried:
             tried.add(_layout(plan))
             candidates.append(plan)
+    uniform = _uniform_plan(chosen, config, vg)
+    if uniform.predicted_bytes <= effective_target and _layout(uniform) not in tried:
+        candidates.append(uniform)
     lowered = [_lower(_step_of(c, config), specs) for c in candidates]
     for candidate, executable_and_bytes in zip(candidates, _compile_all(lowered)):
         record(candidate, executable_and_bytes)
@@ -952,7 +1034,7 @@ def make_plan(
     ties = [i for i, s in enumerate(seconds) if s <= min(seconds) * (1 + TIE_TOLERANCE)]
     fastest = min(ties, key=lambda i: fitting[i][0].compiled_bytes)
     timings = tuple(
-        Timing(plan.compiled_bytes, s, len(plan.segments), chosen=i == fastest)
+        Timing(plan.compiled_bytes, s, len(plan.segments), chosen=i == fastest, origin=plan.origin)
         for i, ((plan, _), s) in enumerate(zip(fitting, seconds))
     )
     return dataclasses.replace(fitting[fastest][0], timings=timings)
