@@ -31,9 +31,12 @@ only if it reads it or keeps it, and never recomputes a value it holds.
 It is solved with HiGHS through `scipy.optimize.milp`.
 
 The MILP has on the order of n^2 binaries, beyond HiGHS for the paper's
-logs (several hundred nodes). For those, `interval_bound` gives a lower
-bound from a relaxation with one binary per read of a value, solved in
-seconds, and `optimal` reports it when the time limit comes first.
+logs (several hundred nodes). So `optimal` first solves a relaxation with
+one binary per read of a value (`interval_bound`; seconds even for those
+logs) and runs its decisions as a stage schedule: where the schedule costs
+no more than the relaxation's bound, that proves it optimal and the MILP
+is skipped; else the schedule is the incumbent the MILP must beat, and the
+relaxation's bound is reported when the time limit comes first.
 
 The graph is Checkmate's linear graph of the trace (`checkmate_graph`): one
 node per storage a `CALL` creates, with its size and cost, and edges from the
@@ -340,6 +343,21 @@ def _memory_unit(budget_bytes: int) -> float:
     return max(1.0, budget_bytes / 1e4)
 
 
+# A stage schedule: per stage, the nodes computed (in order) and the nodes held after it.
+Stages = list[tuple[tuple[int, ...], frozenset[int]]]
+
+
+@dataclass(frozen=True)
+class _Intervals:
+    """The interval relaxation's solution: its bound and the intervals it drops.
+
+    `dropped[i]` lists, for node i, the reads (node indices; `len(graph)`
+    for the end) before which it is absent since the read before them."""
+
+    bound: float
+    dropped: dict[int, set[int]]
+
+
 def interval_bound(
     graph: CheckmateGraph, budget_bytes: int, time_limit: Optional[float] = INTERVAL_TIME_LIMIT
 ) -> float:
@@ -360,6 +378,12 @@ def interval_bound(
     per stage and node, so HiGHS solves it for the paper's logs in seconds;
     on a time limit, its own dual bound is still a bound.
     """
+    return _solve_intervals(graph, budget_bytes, time_limit).bound
+
+
+def _solve_intervals(
+    graph: CheckmateGraph, budget_bytes: int, time_limit: Optional[float] = INTERVAL_TIME_LIMIT, rel_gap: float = 1e-4
+) -> _Intervals:
     import numpy as np
     from scipy.optimize import Bounds, LinearConstraint, milp
     from scipy.sparse import csr_array
@@ -370,6 +394,7 @@ def interval_bound(
     outputs = set(graph.outputs)
     unit = _memory_unit(budget_bytes)
     costs: list[float] = []
+    intervals: list[tuple[int, int]] = []  # variable -> (node, the read it ends at)
     open_at: list[list[tuple[int, float]]] = [[] for _ in range(n)]  # moment -> (variable, size)
     for i in range(n):
         if not graph.sizes[i]:
@@ -380,6 +405,7 @@ def interval_bound(
             if read - previous > 1:  # a moment in between: the value may be absent there
                 var = len(costs)
                 costs.append(graph.costs[i])
+                intervals.append((i, read))
                 for t in range(previous + 1, read):
                     open_at[t].append((var, graph.sizes[i] / unit))
             previous = read
@@ -396,11 +422,11 @@ def interval_bound(
             values.append(size)
         lower.append(excess)
     if not lower:
-        return baseline
+        return _Intervals(baseline, {})
     if not costs:
-        return math.inf  # some moment cannot fit even with everything optional dropped
+        return _Intervals(math.inf, {})  # some moment cannot fit even with everything optional dropped
     matrix = csr_array((values, (rows, cols)), shape=(len(lower), len(costs)))
-    options: dict[str, Any] = {"disp": False}
+    options: dict[str, Any] = {"disp": False, "mip_rel_gap": rel_gap}
     if time_limit is not None:
         options["time_limit"] = float(time_limit)
     solution = milp(
@@ -411,10 +437,84 @@ def interval_bound(
         options=options,
     )
     if solution.status == 2:
-        return math.inf
+        return _Intervals(math.inf, {})
     # The dual bound, not the schedule found: HiGHS stops within a gap of it.
     bound = getattr(solution, "mip_dual_bound", None)
-    return baseline + (max(float(bound), 0.0) if bound is not None and math.isfinite(bound) else 0.0)
+    bound = baseline + (max(float(bound), 0.0) if bound is not None and math.isfinite(bound) else 0.0)
+    dropped: dict[int, set[int]] = {}
+    if solution.x is not None:
+        for var, (i, read) in enumerate(intervals):
+            if solution.x[var] > 0.5:
+                dropped.setdefault(i, set()).add(read)
+    return _Intervals(bound, dropped)
+
+
+def _schedule_from_intervals(
+    graph: CheckmateGraph, budget_bytes: int, dropped: dict[int, set[int]], hold_recomputed: bool = False
+) -> Optional[Stages]:
+    """The stage schedule the interval relaxation's decisions describe, if it fits.
+
+    Stage t computes node t, first recomputing those of its inputs that are
+    absent (and, recursively, theirs), in graph order: one of Checkmate's
+    stage schedules. After a stage, a value stays resident until its next
+    read unless the relaxation dropped that interval (or it has no read
+    left); the last stage also brings back dropped outputs. The relaxation
+    charges each dropped interval one computation and leaves out what
+    recomputing needs, so this schedule costs at least its bound; where it
+    costs no more, it is optimal. With `hold_recomputed`, a value
+    recomputed only as the input of another recomputation stays until its
+    own next read, where it would otherwise be computed again: one
+    computation instead of two, if the memory allows.
+
+    Returns:
+      Per stage, the nodes computed (in order) and the nodes held after it;
+      None if some computation would exceed the budget.
+    """
+    n = len(graph)
+    users = graph.users()
+    outputs = set(graph.outputs)
+    reads = [sorted(set(u)) + ([n] if i in outputs else []) for i, u in enumerate(users)]
+    resident: set[int] = set()
+    memory = graph.constant_bytes
+    stages = []
+
+    def keep_after(i: int, t: int, recursive: bool) -> bool:
+        """Whether value i stays resident from stage t into stage t+1."""
+        if not graph.sizes[i]:
+            return True  # views take no memory
+        following = [r for r in reads[i] if r > t]
+        if not following:
+            return False
+        return following[0] == t + 1 or following[0] not in dropped.get(i, ()) or (hold_recomputed and recursive)
+
+    for t in range(n):
+        wanted = (*graph.deps[t], *outputs - {t}) if t == n - 1 else graph.deps[t]
+        recomputed: set[int] = set()
+        stack = [i for i in wanted if i not in resident]
+        while stack:
+            i = stack.pop()
+            if i not in recomputed:
+                recomputed.add(i)
+                stack.extend(j for j in graph.deps[i] if j not in resident)
+        order = (*sorted(recomputed), t)
+        last_read = {i: k for k in order for i in graph.deps[k]}
+        for k in order:
+            if memory + graph.sizes[k] > budget_bytes:
+                return None
+            memory += graph.sizes[k]
+            resident.add(k)
+            for i in {*graph.deps[k], k}:  # free what this stage no longer reads and does not keep
+                if i in resident and last_read.get(i, -1) <= k and not keep_after(i, t, i in recomputed and i not in wanted):
+                    resident.discard(i)
+                    memory -= graph.sizes[i]
+        stages.append((order, frozenset(resident)))
+    return stages if outputs <= resident else None
+
+
+def _cost_of(graph: CheckmateGraph, stages: Stages) -> tuple[float, int]:
+    """Total compute of a stage schedule, and its computations beyond the first of each node."""
+    computed = [k for order, _ in stages for k in order]
+    return float(sum(graph.costs[k] for k in computed)), len(computed) - len(graph)
 
 
 def _solver_name() -> str:
@@ -433,8 +533,11 @@ def optimal(
     """The least total compute of any rematerialization schedule of `trace` under `budget`.
 
     Solves Checkmate's MILP (Jain et al., MLSys 2020; see this module's
-    docstring) on the trace's linear graph with HiGHS. It is practical for
-    traces of up to a few hundred operators; beyond that, expect "timeout".
+    docstring) on the trace's linear graph with HiGHS, unless a small
+    relaxation's schedule already meets the relaxation's lower bound (then
+    `variables` is 0 and `message` says so). The MILP is practical for
+    traces of up to a few dozen operators in a minute; beyond that, expect
+    "timeout" with the relaxation's schedule (if it fits) and bound.
 
     How the model's memory relates to the simulator's (`jdtr.simulate`):
 
@@ -529,9 +632,20 @@ def optimal(
         return result("infeasible", f"no schedule fits: it needs at least {facts['required_bytes']} bytes")
     if not len(graph):
         return result("optimal", "nothing to compute", 0.0, 0.0, 0)
-    relaxed = interval_bound(graph, budget_bytes)
+    intervals = _solve_intervals(graph, budget_bytes, rel_gap=rel_gap)
+    relaxed = intervals.bound
     if relaxed == math.inf:
         return result("infeasible", "no schedule fits: some step's values alone exceed the budget")
+    # The relaxation's decisions, run as a schedule: where that schedule
+    # costs no more than the relaxation's bound, it is optimal, and the
+    # large MILP is not needed; else it is a schedule the MILP must beat.
+    schedules = (_schedule_from_intervals(graph, budget_bytes, intervals.dropped, hold) for hold in (True, False))
+    realized = min((_cost_of(graph, stages) for stages in schedules if stages is not None), default=None)
+    if realized is not None and realized[0] <= relaxed * (1 + rel_gap):
+        return result(
+            "optimal", "the interval relaxation's solution is a schedule", realized[0], min(relaxed, realized[0]),
+            realized[1],
+        )
     model, R = _build(graph, budget_bytes)
     matrix = csr_array(
         (model.values, (model.rows, model.cols)), shape=(len(model.row_lower), len(model.lower)), dtype=float
@@ -559,11 +673,15 @@ def optimal(
     bound = relaxed if bound is None or not math.isfinite(bound) else max(float(bound), relaxed)
     status = "optimal" if solution.status == 0 else "timeout"
     if solution.x is None:
+        if realized is not None:  # no schedule from the MILP: the relaxation's is the best known
+            return result(status, solution.message, realized[0], bound, realized[1], **solver)
         return result(status, solution.message, bound=bound, **solver)
     computed = [(t, i) for (t, i), var in R.items() if solution.x[var] > 0.5]
-    total = float(sum(graph.costs[i] for _, i in computed))
+    total, recomputations = float(sum(graph.costs[i] for _, i in computed)), len(computed) - len(graph)
+    if status == "timeout" and realized is not None and realized[0] < total:
+        total, recomputations = realized
     if status == "timeout" and total <= bound * (1 + rel_gap):
         status = "optimal"  # the relaxation proves the schedule found optimal
     if status == "optimal":
         bound = min(bound, total)
-    return result(status, solution.message, total, bound, len(computed) - len(graph), **solver)
+    return result(status, solution.message, total, bound, recomputations, **solver)
