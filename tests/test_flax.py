@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import contextlib
+import io
+
 import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
+from jax import ad_checkpoint
 
 pytest.importorskip("flax")
 from flax import linen, nnx  # noqa: E402
@@ -121,3 +125,100 @@ def test_linen_through_params_pytree():
     updates, _ = opt.update(grads_a, state)
     new_params = optax.apply_updates(variables["params"], updates)
     assert jax.tree_util.tree_structure(new_params) == jax.tree_util.tree_structure(variables["params"])
+
+
+def saved_residuals(f, *args) -> list[str]:
+    """What JAX saves for f's backward pass, beyond its arguments (print_saved_residuals' lines)."""
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        ad_checkpoint.print_saved_residuals(f, *args)
+    return [line for line in out.getvalue().splitlines() if "from the argument" not in line]
+
+
+class Chain(nnx.Module):
+    """Tanh layers, run in groups of `every`; `segment` wraps each group (e.g. in `nnx.remat`)."""
+
+    def __init__(self, rngs, depth, width=32):
+        self.layers = nnx.List([nnx.Linear(width, width, rngs=rngs) for _ in range(depth)])
+
+    def run(self, h, start, stop):
+        for layer in self.layers[start:stop]:
+            h = nnx.tanh(layer(h))
+        return h
+
+    def __call__(self, x, segment=lambda f: f, every=3):
+        for start in range(0, len(self.layers), every):
+            x = segment(Chain.group(start, start + every))(self, x)
+        return jnp.mean(x**2)
+
+    @staticmethod
+    def group(start, stop):
+        return lambda model, h: model.run(h, start, stop)
+
+
+class LinenGroup(linen.Module):
+    @linen.compact
+    def __call__(self, x):
+        for _ in range(3):
+            x = jnp.tanh(linen.Dense(32)(x))
+        return x
+
+
+class LinenChain(linen.Module):
+    policy: object = None
+
+    @linen.compact
+    def __call__(self, x):
+        group = LinenGroup if self.policy is None else linen.remat(LinenGroup, policy=self.policy)
+        for i in range(4):
+            x = group(name=f"group{i}")(x)  # the same parameter names with and without remat
+        return jnp.mean(x**2)
+
+
+def test_plan_policy_works_with_nnx_remat_and_linen_remat():
+    """A plan's policy carries over, by primitive signature, to Flax modules
+    wrapped in `nnx.remat` / `linen.remat` (groups of three layers): the
+    gradients are unchanged, and inside each group it keeps the outputs the
+    plan saves (tanh of this shape), where nothing_saveable keeps none.
+    (Signatures cannot tell one layer's tanh from another's: the policy
+    keeps them all, as the compiled plan's names would not.)"""
+    x = jax.random.normal(jax.random.PRNGKey(0), (2048, 32))  # activations, not weights, dominate
+
+    model = Chain(nnx.Rngs(0), depth=12)
+    graphdef, state = nnx.split(model)
+
+    def loss(state, x, segment=lambda f: f):
+        return nnx.merge(graphdef, state)(x, segment)
+
+    plan = jdtr.plan(loss, state, x, budget=0.5, autotune=False)
+    assert ("tanh", (((2048, 32), "float32"),)) in plan.policy.signatures, plan.report()
+    reference = jax.grad(loss)(state, x)
+
+    def tanh_saved(policy):
+        lines = saved_residuals(lambda s: loss(s, x, lambda f: nnx.remat(f, policy=policy)), state)
+        return sum("output of tanh" in line for line in lines)
+
+    got = jax.jit(jax.grad(lambda s: loss(s, x, lambda f: nnx.remat(f, policy=plan.policy))))(state)
+    for a, b in zip(jax.tree_util.tree_leaves(got), jax.tree_util.tree_leaves(reference)):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=1e-6)
+    # nothing_saveable keeps the outputs of the first three groups (the next
+    # group's inputs); the plan's policy also every tanh inside the groups.
+    assert tanh_saved(jax.checkpoint_policies.nothing_saveable) == 3
+    assert tanh_saved(plan.policy) == 12
+
+    chain = LinenChain()
+    params = chain.init(jax.random.PRNGKey(1), x)
+    linen_plan = jdtr.plan(lambda p, x: chain.apply(p, x), params, x, budget=0.5, autotune=False)
+    remat_chain = LinenChain(policy=linen_plan.policy)
+    got = jax.jit(jax.grad(lambda p: remat_chain.apply(p, x)))(params)
+    reference = jax.grad(lambda p: chain.apply(p, x))(params)
+    for a, b in zip(jax.tree_util.tree_leaves(got), jax.tree_util.tree_leaves(reference)):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=1e-6)
+
+    def linen_tanh_saved(policy):
+        module = LinenChain(policy=policy)
+        return sum("output of tanh" in line for line in saved_residuals(lambda p: module.apply(p, x), params))
+
+    assert ("tanh", (((2048, 32), "float32"),)) in linen_plan.policy.signatures, linen_plan.report()
+    assert linen_tanh_saved(jax.checkpoint_policies.nothing_saveable) == 3
+    assert linen_tanh_saved(linen_plan.policy) == 12

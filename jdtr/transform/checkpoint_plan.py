@@ -29,6 +29,7 @@ reach into a conditional's branch, so the plan survives any compiler flags.
 
 from __future__ import annotations
 
+import collections
 import concurrent.futures
 import dataclasses
 import functools
@@ -810,8 +811,12 @@ def _compiled_bytes(fn: Callable, specs: Sequence) -> int:
 
 
 def _layout(plan: Plan) -> tuple:
-    """What makes two plans the same step: their cuts and what they save."""
-    return tuple((seg.start, seg.stop, tuple(v.id for v in seg.saved)) for seg in plan.segments)
+    """What makes two plans the same step: their cuts, nesting and what they save."""
+
+    def of(segments: Sequence[Segment]) -> tuple:
+        return tuple((seg.start, seg.stop, tuple(v.id for v in seg.saved), of(seg.children)) for seg in segments)
+
+    return of(plan.segments)
 
 
 def _backward_reads(forward: Program, vg: Program) -> dict[Value, Value]:
@@ -918,6 +923,67 @@ def _traced_argnums(config: _Config) -> tuple[int, ...]:
     return tuple(i for i, d in enumerate(_traced_flags(config)) if d)
 
 
+@dataclass(eq=False)
+class _Planning:
+    """What planning one function for one argument structure computes once
+    for every budget: its programs, XLA's bytes without remat, the DTR
+    simulations (by simulated budget) and the compiled candidate plans (by
+    layout). Reused, like `jax.jit`'s cache, by the function's identity."""
+
+    config: _Config
+    forward: Program
+    vg: Program
+    unconstrained: int
+    simulations: dict = dataclasses.field(default_factory=dict)
+    executables: dict = dataclasses.field(default_factory=dict)
+
+    def compile(self, plans: Sequence[Plan]) -> list[tuple[Any, int]]:
+        """Each plan's compiled step and XLA's bytes; new layouts are lowered
+        one by one, then compiled side by side."""
+        new = {}
+        for plan in plans:
+            layout = _layout(plan)
+            if layout not in self.executables and layout not in new:
+                new[layout] = _lower(_step_of(plan, self.config), self.config.specs)
+        self.executables.update(zip(new, _compile_all(list(new.values()))))
+        return [self.executables[_layout(plan)] for plan in plans]
+
+
+# Planning a function again for the same shapes (another budget, a sweep of
+# budgets, a notebook) starts from what was computed before. Few entries:
+# each holds compiled executables.
+PLANNING_CACHE_SIZE = 8
+_planning_cache: "collections.OrderedDict[Hashable, _Planning]" = collections.OrderedDict()
+
+
+def _planning_for(fun, argnums, has_aux, heuristic, implementation, treedef, specs, flags) -> _Planning:
+    key = (fun, _argnums_tuple(argnums), has_aux, heuristic, implementation, treedef, specs)
+    try:
+        found = _planning_cache.get(key)
+    except TypeError:  # an unhashable callable or heuristic: plan from scratch
+        key, found = None, None
+    if found is not None:
+        _planning_cache.move_to_end(key)
+        return found
+    forward, out_tree = _forward_program(fun, treedef, specs)
+    config = _Config(fun, argnums, has_aux, treedef, specs, out_tree, implementation, flags)
+    vg = _value_and_grad_program(config, forward)
+
+    def plain(*traced):
+        leaves = [s.value if isinstance(s, _Static) else None for s in specs]
+        it = iter(traced)
+        leaves = [next(it) if x is None and not isinstance(s, _Static) else x for x, s in zip(leaves, specs)]
+        a, kw = jax.tree_util.tree_unflatten(treedef, leaves)
+        return jax.grad(fun, argnums, has_aux)(*a, **kw)
+
+    planning = _Planning(config, forward, vg, _compiled_bytes(plain, specs))
+    if key is not None:
+        _planning_cache[key] = planning
+        while len(_planning_cache) > PLANNING_CACHE_SIZE:
+            _planning_cache.popitem(last=False)
+    return planning
+
+
 def make_plan(
     fun: Callable,
     args: tuple,
@@ -936,24 +1002,14 @@ def make_plan(
     budget_spec = parse_budget(budget)
     get_heuristic(heuristic)
     treedef, specs, flags = _flatten(fun, argnums, args, kwargs)
-    forward, out_tree = _forward_program(fun, treedef, specs)
-    config = _Config(fun, argnums, has_aux, treedef, specs, out_tree, implementation, flags)
-    vg = _value_and_grad_program(config, forward)
-
-    def plain(*traced):
-        leaves = [s.value if isinstance(s, _Static) else None for s in specs]
-        it = iter(traced)
-        leaves = [next(it) if x is None and not isinstance(s, _Static) else x for x, s in zip(leaves, specs)]
-        a, kw = jax.tree_util.tree_unflatten(treedef, leaves)
-        return jax.grad(fun, argnums, has_aux)(*a, **kw)
-
-    unconstrained = _compiled_bytes(plain, specs)
+    planning = _planning_for(fun, argnums, has_aux, heuristic, implementation, treedef, specs, flags)
+    config, forward, vg, unconstrained = planning.config, planning.forward, planning.vg, planning.unconstrained
     target = budget_spec.resolve(unconstrained)
     sim_peak = vg.unconstrained_peak()
     best = chosen = None
     effective_target = float(target)
     tried: set = set()
-    simulations: dict = {}
+    simulations = planning.simulations
     compiled: list[tuple[Plan, Any]] = []  # every plan measured, with its executable
 
     def record(candidate: Plan, executable_and_bytes: tuple[Any, int]) -> Plan:
@@ -971,7 +1027,7 @@ def make_plan(
         if _layout(plan) in tried:
             break  # asking for less no longer changes the plan: nothing better to find
         tried.add(_layout(plan))
-        plan = record(plan, _compile(_step_of(plan, config), specs))
+        plan = record(plan, planning.compile([plan])[0])
         if best is None or plan.compiled_bytes < best.compiled_bytes:
             best = plan
         if plan.compiled_bytes <= target:
@@ -1024,8 +1080,7 @@ def make_plan(
     uniform = _uniform_plan(chosen, config, vg)
     if uniform.predicted_bytes <= effective_target and _layout(uniform) not in tried:
         candidates.append(uniform)
-    lowered = [_lower(_step_of(c, config), specs) for c in candidates]
-    for candidate, executable_and_bytes in zip(candidates, _compile_all(lowered)):
+    for candidate, executable_and_bytes in zip(candidates, planning.compile(candidates)):
         record(candidate, executable_and_bytes)
     limit = max(target, chosen.compiled_bytes)
     fitting = [(plan, executable) for plan, executable in compiled if plan.compiled_bytes <= limit]
