@@ -16,7 +16,7 @@ _SLOW_IS_FINE = [HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.f
 
 settings.register_profile(
     "ci",
-    max_examples=8,
+    max_examples=6,
     derandomize=True,
     deadline=None,
     database=None,

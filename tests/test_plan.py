@@ -329,3 +329,31 @@ def test_device_peak_script_refuses_a_backend_without_allocator_stats():
     done = subprocess.run([sys.executable, script], capture_output=True, text=True, env=env, timeout=300)
     assert done.returncode == 1, done.stdout + done.stderr
     assert "reports no memory_stats()" in done.stderr and done.stdout == ""
+
+
+def test_planning_reuses_work_across_budgets_and_does_not_keep_the_function_alive():
+    """Planning the same function for the same shapes again starts from the
+    same traced programs and compiled candidates; once the user drops the
+    function (and its plans), the cache drops them too."""
+    import gc
+    import weakref
+
+    from jdtr.transform import checkpoint_plan as cpn
+
+    w = jax.random.normal(jax.random.PRNGKey(0), (64, 64)) / 8
+    x = jax.random.normal(jax.random.PRNGKey(1), (512, 64))
+    loss = tanh_chain(12)
+    first = jdtr.plan(loss, w, x, budget=0.7, autotune=False)
+    second = jdtr.plan(loss, w, x, budget=0.5, autotune=False)
+    assert second.program is first.program  # traced once
+    (entries,) = [e for f, e in cpn._planning_cache.items() if f is loss]
+    (planning,) = entries.values()
+    assert {cpn._layout(first), cpn._layout(second)} <= set(planning.executables)
+    again = jdtr.plan(loss, w, x, budget=0.7, autotune=False)
+    assert cpn._layout(again) == cpn._layout(first) and again.compiled_bytes == first.compiled_bytes
+    assert_trees_close(jax.jit(second.grad)(w, x), jax.grad(loss)(w, x), rtol=1e-4, atol=1e-5)
+    alive = weakref.ref(loss)
+    del loss, first, second, again, entries, planning
+    gc.collect()
+    assert alive() is None
+    assert all(f is not None for f in cpn._planning_cache.keys())

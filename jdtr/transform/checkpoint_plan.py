@@ -35,6 +35,7 @@ import dataclasses
 import functools
 import os
 import warnings
+import weakref
 from dataclasses import dataclass
 from typing import Any, Callable, Hashable, Optional, Sequence, Union
 
@@ -259,9 +260,9 @@ class Plan:
 
 @dataclass(frozen=True, eq=False)
 class _Config:
-    """How the user's function is flattened for planning."""
+    """How the user's function is flattened for planning (not the function
+    itself: plans and the planning cache must not keep it alive)."""
 
-    fun: Callable
     argnums: Union[int, tuple[int, ...]]
     has_aux: bool
     treedef: Any
@@ -843,15 +844,19 @@ def _backward_reads(forward: Program, vg: Program) -> dict[Value, Value]:
 def _plan_for(
     config: _Config, forward: Program, vg: Program, sim_budget: int, target: float, heuristic, max_depth: int = 1,
     simulations: Optional[dict] = None,
-) -> Plan:
+) -> Optional[Plan]:
+    """The plan read from DTR's run at `sim_budget`, or None if DTR runs out
+    of memory or thrashes there."""
     simulations = {} if simulations is None else simulations  # by simulated budget: the search revisits budgets
     if sim_budget not in simulations:
         try:
             simulations[sim_budget] = simulate_program(vg, sim_budget, heuristic)
-        except (OutOfBudgetError, ThrashError) as err:
-            simulations[sim_budget] = err
-    if isinstance(simulations[sim_budget], Exception):
-        raise simulations[sim_budget]
+        except (OutOfBudgetError, ThrashError):
+            # None, not the error: a cached error's traceback would keep
+            # this call's frames (and the user's function) alive.
+            simulations[sim_budget] = None
+    if simulations[sim_budget] is None:
+        return None
     counters, rematerialized, runtime = simulations[sim_budget]
     reads = _backward_reads(forward, vg)
     residuals = set(reads)
@@ -950,23 +955,26 @@ class _Planning:
 
 
 # Planning a function again for the same shapes (another budget, a sweep of
-# budgets, a notebook) starts from what was computed before. Few entries:
-# each holds compiled executables.
+# budgets, a notebook) starts from what was computed before. Held weakly by
+# the function, as `jax.jit` does, so that dropping the function frees its
+# programs (and any arrays they captured); per function, the last few
+# argument structures.
 PLANNING_CACHE_SIZE = 8
-_planning_cache: "collections.OrderedDict[Hashable, _Planning]" = collections.OrderedDict()
+_planning_cache: "weakref.WeakKeyDictionary[Callable, collections.OrderedDict]" = weakref.WeakKeyDictionary()
 
 
 def _planning_for(fun, argnums, has_aux, heuristic, implementation, treedef, specs, flags) -> _Planning:
-    key = (fun, _argnums_tuple(argnums), has_aux, heuristic, implementation, treedef, specs)
+    key = (_argnums_tuple(argnums), has_aux, heuristic, implementation, treedef, specs)
     try:
-        found = _planning_cache.get(key)
-    except TypeError:  # an unhashable callable or heuristic: plan from scratch
-        key, found = None, None
+        entries = _planning_cache.setdefault(fun, collections.OrderedDict())
+        found = entries.get(key)
+    except TypeError:  # a callable without weak references, or an unhashable heuristic: plan from scratch
+        entries, found = None, None
     if found is not None:
-        _planning_cache.move_to_end(key)
+        entries.move_to_end(key)
         return found
     forward, out_tree = _forward_program(fun, treedef, specs)
-    config = _Config(fun, argnums, has_aux, treedef, specs, out_tree, implementation, flags)
+    config = _Config(argnums, has_aux, treedef, specs, out_tree, implementation, flags)
     vg = _value_and_grad_program(config, forward)
 
     def plain(*traced):
@@ -977,10 +985,10 @@ def _planning_for(fun, argnums, has_aux, heuristic, implementation, treedef, spe
         return jax.grad(fun, argnums, has_aux)(*a, **kw)
 
     planning = _Planning(config, forward, vg, _compiled_bytes(plain, specs))
-    if key is not None:
-        _planning_cache[key] = planning
-        while len(_planning_cache) > PLANNING_CACHE_SIZE:
-            _planning_cache.popitem(last=False)
+    if entries is not None:
+        entries[key] = planning
+        while len(entries) > PLANNING_CACHE_SIZE:
+            entries.popitem(last=False)
     return planning
 
 
@@ -1112,9 +1120,8 @@ def _search_simulated_budget(
         fitting = None
         for _ in range(steps):
             mid = (lo + hi) / 2
-            try:
-                plan = _plan_for(config, forward, vg, max(int(mid), 1), target, heuristic, max_depth, simulations)
-            except (OutOfBudgetError, ThrashError):  # infeasible at this budget: go higher
+            plan = _plan_for(config, forward, vg, max(int(mid), 1), target, heuristic, max_depth, simulations)
+            if plan is None:  # infeasible at this budget: go higher
                 lo = mid
                 continue
             if smallest is None or plan.predicted_bytes < smallest.predicted_bytes:
