@@ -202,8 +202,9 @@ def test_uniform_candidate_is_sqrt_n_checkpointing():
     builtin = analysis.argument_size_in_bytes + analysis.output_size_in_bytes + analysis.temp_size_in_bytes
 
     base = jdtr.plan(loss, w, x, budget=0.7, autotune=False)
-    vg = cpn._value_and_grad_program(base._config, base.program)
-    uniform = cpn._uniform_plan(base, base._config, vg)
+    (entries,) = [e for f, e in cpn._planning_cache.items() if f is loss]
+    (planning,) = entries.values()
+    uniform = cpn._uniform_plan(planning, base)
     assert 3 <= len(uniform.segments) <= 6, uniform.report()
     assert all(seg.saved == () for seg in uniform.segments)
     assert "uniform segments saving nothing inside" in uniform.report()

@@ -351,7 +351,8 @@ Stages = list[tuple[tuple[int, ...], frozenset[int]]]
 class _Intervals:
     """The interval relaxation's solution: its bound and the intervals it drops.
 
-    `dropped[i]` lists, for node i, the reads (node indices; `len(graph)`
+    `bound` is a lower bound on the optimum only for the unpriced relaxation
+    (`_solve_intervals(..., price_inputs=False)`). `dropped[i]` lists, for node i, the reads (node indices; `len(graph)`
     for the end) before which it is absent since the read before them."""
 
     bound: float

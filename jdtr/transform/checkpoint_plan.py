@@ -455,9 +455,7 @@ def _cut_positions(program: Program, crossings: _Crossings, saved: set, residual
     body = program.body
     n = len(body)
     cuts = [i for i in range(1, n) if all(_free_to_cross(v, saved) for v in crossings.live[i])]
-    extra = functools.lru_cache(maxsize=None)(
-        lambda i: sum(v.nbytes for v in crossings.live[i] if not _free_to_cross(v, saved))
-    )
+    extra = functools.lru_cache(maxsize=None)(lambda i: _crossing_bytes(crossings, i, saved))
     result, bounds = [], [0, *cuts, n]
     for start, stop in zip(bounds[:-1], bounds[1:]):
         last, acc = start, 0.0
@@ -645,13 +643,10 @@ def _segments(
     return min(smallest, flat, key=lambda c: c[0])[1] if smallest is not None else flat[1]
 
 
-def _uniform_cuts(program: Program, crossings: _Crossings, residuals: set, count: int) -> list[int]:
-    """Cuts into `count` runs of about equal residual bytes, each at the
-    cheapest crossing within half a run of its even split point."""
-    body = program.body
-    before = [0]
-    for item in body:
-        before.append(before[-1] + sum(v.nbytes for v in item.outputs if v in residuals))
+def _uniform_cuts(before: Sequence[int], crossing: Sequence[int], count: int) -> list[int]:
+    """Cuts into `count` runs of about equal residual bytes (`before[i]`: the
+    residual bytes ahead of item i), each at the cheapest crossing
+    (`crossing[i]`) within half a run of its even split point."""
     total = before[-1]
     if total == 0:
         return []
@@ -659,15 +654,15 @@ def _uniform_cuts(program: Program, crossings: _Crossings, residuals: set, count
     cuts = []
     for j in range(1, count):
         goal = total * j / count
-        window = [i for i in range(cuts[-1] + 1 if cuts else 1, len(body)) if abs(before[i] - goal) <= half]
+        window = [i for i in range(cuts[-1] + 1 if cuts else 1, len(before) - 1) if abs(before[i] - goal) <= half]
         if window:
-            cuts.append(min(window, key=lambda i: (_crossing_bytes(crossings, i), abs(before[i] - goal))))
+            cuts.append(min(window, key=lambda i: (crossing[i], abs(before[i] - goal))))
     return cuts
 
 
-def _crossing_bytes(crossings: _Crossings, i: int) -> int:
-    """What a cut before item `i` keeps when nothing is saved: its crossing values."""
-    return sum(v.nbytes for v in crossings.live[i] if not _free_to_cross(v, set()))
+def _crossing_bytes(crossings: _Crossings, i: int, saved: set) -> int:
+    """What a cut before item `i` keeps beyond `saved`: its other crossing values."""
+    return sum(v.nbytes for v in crossings.live[i] if not _free_to_cross(v, saved))
 
 
 def _uniform_segments(program: Program, residuals: set[Value], gradient_bytes: int) -> tuple[Segment, ...]:
@@ -681,10 +676,14 @@ def _uniform_segments(program: Program, residuals: set[Value], gradient_bytes: i
     longer for what they store. Autotuning times this plan beside DTR's.
     """
     crossings = _crossings(program)
+    before = [0]
+    for item in program.body:
+        before.append(before[-1] + sum(v.nbytes for v in item.outputs if v in residuals))
+    crossing = [0, *(_crossing_bytes(crossings, i, set()) for i in range(1, len(program.body)))]
     memo, found = {}, []
     limit = 2 * int(np.sqrt(len(program.body))) + 2
     for count in range(2, max(limit, 3)):
-        cuts = _uniform_cuts(program, crossings, residuals, count)
+        cuts = _uniform_cuts(before, crossing, count)
         bounds = [0, *cuts, len(program.body)]
         segments = tuple(
             _segment(program, crossings, set(), residuals, start, stop, i, memo=memo)
@@ -841,13 +840,11 @@ def _backward_reads(forward: Program, vg: Program) -> dict[Value, Value]:
     return reads
 
 
-def _plan_for(
-    config: _Config, forward: Program, vg: Program, sim_budget: int, target: float, heuristic, max_depth: int = 1,
-    simulations: Optional[dict] = None,
-) -> Optional[Plan]:
+def _plan_for(planning: "_Planning", sim_budget: int, target: float, heuristic, max_depth: int = 1) -> Optional[Plan]:
     """The plan read from DTR's run at `sim_budget`, or None if DTR runs out
     of memory or thrashes there."""
-    simulations = {} if simulations is None else simulations  # by simulated budget: the search revisits budgets
+    config, forward, vg = planning.config, planning.forward, planning.vg
+    simulations = planning.simulations  # by simulated budget: searches revisit budgets
     if sim_budget not in simulations:
         try:
             simulations[sim_budget] = simulate_program(vg, sim_budget, heuristic)
@@ -858,11 +855,9 @@ def _plan_for(
     if simulations[sim_budget] is None:
         return None
     counters, rematerialized, runtime = simulations[sim_budget]
-    reads = _backward_reads(forward, vg)
-    residuals = set(reads)
-    saved = {fwd_value for fwd_value, vg_value in reads.items() if vg_value not in rematerialized}
-    gradient_bytes = sum(v.nbytes for v, d in zip(forward.inputs, _traced_flags(config)) if d)
-    segments = _segments(forward, saved, residuals, target, gradient_bytes, max_depth)
+    saved = {fwd_value for fwd_value, vg_value in planning.reads.items() if vg_value not in rematerialized}
+    gradient_bytes = planning.gradient_bytes
+    segments = _segments(forward, saved, planning.residuals, target, gradient_bytes, max_depth)
     saved_all = frozenset(saved | {v for s in segments for v in s.inputs})
     from ..simulator import SimResult  # lazy: the simulator package imports the trace tools
 
@@ -891,11 +886,10 @@ def _plan_for(
     return Plan(0, segments, saved_all, simulated, forward, config, predicted_bytes=predicted)
 
 
-def _uniform_plan(base: Plan, config: _Config, vg: Program) -> Plan:
+def _uniform_plan(planning: "_Planning", base: Plan) -> Plan:
     """The uniform-segments candidate, beside DTR's `base` plan for the same step."""
-    forward = base.program
-    gradient_bytes = sum(v.nbytes for v, d in zip(forward.inputs, _traced_flags(config)) if d)
-    segments = _uniform_segments(forward, set(_backward_reads(forward, vg)), gradient_bytes)
+    forward, gradient_bytes = planning.forward, planning.gradient_bytes
+    segments = _uniform_segments(forward, planning.residuals, gradient_bytes)
     saved = frozenset(v for s in segments for v in s.inputs)
     predicted = _predicted_bytes(forward, segments, gradient_bytes)
     return dataclasses.replace(
@@ -941,6 +935,20 @@ class _Planning:
     unconstrained: int
     simulations: dict = dataclasses.field(default_factory=dict)
     executables: dict = dataclasses.field(default_factory=dict)
+
+    @functools.cached_property
+    def reads(self) -> dict[Value, Value]:
+        """The residuals, each with its counterpart in the value-and-grad program."""
+        return _backward_reads(self.forward, self.vg)
+
+    @functools.cached_property
+    def residuals(self) -> set[Value]:
+        return set(self.reads)
+
+    @functools.cached_property
+    def gradient_bytes(self) -> int:
+        """Bytes of the gradients the step returns (one per differentiated input)."""
+        return sum(v.nbytes for v, d in zip(self.forward.inputs, _traced_flags(self.config)) if d)
 
     def compile(self, plans: Sequence[Plan]) -> list[tuple[Any, int]]:
         """Each plan's compiled step and XLA's bytes; new layouts are lowered
@@ -1011,13 +1019,12 @@ def make_plan(
     get_heuristic(heuristic)
     treedef, specs, flags = _flatten(fun, argnums, args, kwargs)
     planning = _planning_for(fun, argnums, has_aux, heuristic, implementation, treedef, specs, flags)
-    config, forward, vg, unconstrained = planning.config, planning.forward, planning.vg, planning.unconstrained
+    forward, unconstrained = planning.forward, planning.unconstrained
     target = budget_spec.resolve(unconstrained)
-    sim_peak = vg.unconstrained_peak()
+    sim_peak = planning.vg.unconstrained_peak()
     best = chosen = None
     effective_target = float(target)
     tried: set = set()
-    simulations = planning.simulations
     compiled: list[tuple[Plan, Any]] = []  # every plan measured, with its executable
 
     def record(candidate: Plan, executable_and_bytes: tuple[Any, int]) -> Plan:
@@ -1029,7 +1036,7 @@ def make_plan(
         return measured
 
     for _ in range(max_attempts):
-        plan = _search_simulated_budget(config, forward, vg, sim_peak, effective_target, heuristic, simulations)
+        plan = _search_simulated_budget(planning, sim_peak, effective_target, heuristic)
         if plan is None:
             break
         if _layout(plan) in tried:
@@ -1048,7 +1055,7 @@ def make_plan(
         chosen = best
     if chosen is None:
         # No plan fits: say so rather than hand back a step over the budget.
-        fixed = _fixed_bytes(forward, sum(v.nbytes for v, d in zip(forward.inputs, _traced_flags(config)) if d))
+        fixed = _fixed_bytes(forward, planning.gradient_bytes)
         needed = unconstrained if best is None else best.compiled_bytes
         source = "the smallest checkpoint plan found" if best is not None else None
         if implementation == "checkpoint" and jax.default_backend() == "cpu":
@@ -1079,13 +1086,11 @@ def make_plan(
     # are lowered first, then compiled side by side.
     candidates = []
     for scale in AUTOTUNE_SCALES:
-        plan = _search_simulated_budget(
-            config, forward, vg, sim_peak, effective_target * scale, heuristic, simulations, steps=6
-        )
+        plan = _search_simulated_budget(planning, sim_peak, effective_target * scale, heuristic, steps=6)
         if plan is not None and _layout(plan) not in tried:
             tried.add(_layout(plan))
             candidates.append(plan)
-    uniform = _uniform_plan(chosen, config, vg)
+    uniform = _uniform_plan(planning, chosen)
     if uniform.predicted_bytes <= effective_target and _layout(uniform) not in tried:
         candidates.append(uniform)
     for candidate, executable_and_bytes in zip(candidates, planning.compile(candidates)):
@@ -1104,7 +1109,7 @@ def make_plan(
 
 
 def _search_simulated_budget(
-    config, forward, vg, sim_peak, target, heuristic, simulations: dict, steps: int = 10
+    planning: _Planning, sim_peak: int, target: float, heuristic, steps: int = 10
 ) -> Optional[Plan]:
     """The plan for the largest simulated budget whose predicted compiled
     memory fits `target` (bisection: less budget, fewer values kept), flat
@@ -1120,7 +1125,7 @@ def _search_simulated_budget(
         fitting = None
         for _ in range(steps):
             mid = (lo + hi) / 2
-            plan = _plan_for(config, forward, vg, max(int(mid), 1), target, heuristic, max_depth, simulations)
+            plan = _plan_for(planning, max(int(mid), 1), target, heuristic, max_depth)
             if plan is None:  # infeasible at this budget: go higher
                 lo = mid
                 continue
