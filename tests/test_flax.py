@@ -199,8 +199,7 @@ def test_plan_policy_works_with_nnx_remat_and_linen_remat():
         return sum("output of tanh" in line for line in lines)
 
     got = jax.jit(jax.grad(lambda s: loss(s, x, lambda f: nnx.remat(f, policy=plan.policy))))(state)
-    for a, b in zip(jax.tree_util.tree_leaves(got), jax.tree_util.tree_leaves(reference)):
-        np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=1e-6)
+    leaves_close(got, reference)
     # nothing_saveable keeps the outputs of the first three groups (the next
     # group's inputs); the plan's policy also every tanh inside the groups.
     assert tanh_saved(jax.checkpoint_policies.nothing_saveable) == 3
@@ -212,8 +211,7 @@ def test_plan_policy_works_with_nnx_remat_and_linen_remat():
     remat_chain = LinenChain(policy=linen_plan.policy)
     got = jax.jit(jax.grad(lambda p: remat_chain.apply(p, x)))(params)
     reference = jax.grad(lambda p: chain.apply(p, x))(params)
-    for a, b in zip(jax.tree_util.tree_leaves(got), jax.tree_util.tree_leaves(reference)):
-        np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=1e-6)
+    leaves_close(got, reference)
 
     def linen_tanh_saved(policy):
         module = LinenChain(policy=policy)
