@@ -2,8 +2,8 @@
 
 replay simulates one operator log under one budget; sweep runs a grid of
 budget ratios and heuristics and prints the paper's Figure 2 as a table
-(and, with --plot, as a PNG); optimal solves Checkmate's MILP for the least
-compute any schedule needs under one budget.
+(and, with --plot, as a PNG); optimal solves Checkmate's problem (relaxation,
+refinement, MILP) for the least compute any schedule needs under one budget.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Optional, Sequence, TextIO
 
 from .runtime import DEALLOC_POLICIES, HEURISTICS
-from .simulator import PAPER_RATIOS, OptimalResult, SimResult, format_table, optimal, plot_sweep, simulate, sweep
+from .simulator import METHODS, PAPER_RATIOS, OptimalResult, SimResult, format_table, optimal, plot_sweep, simulate, sweep
 from .trace import LogFormatError, Trace
 
 # The heuristics of the paper's Figure 2, in its order.
@@ -43,7 +43,13 @@ def _parser() -> argparse.ArgumentParser:
     budget = best.add_mutually_exclusive_group(required=True)
     budget.add_argument("--ratio", type=float, help="budget as a fraction of the unconstrained peak, in (0, 1]")
     budget.add_argument("--budget", help="budget in bytes, or with a unit: 4GB, 512MiB")
-    best.add_argument("--time-limit", type=float, default=60.0, help="seconds for the MILP solver (default: 60)")
+    best.add_argument(
+        "--time-limit", type=float, default=60.0, help="seconds for refinement and the MILP solver (default: 60)"
+    )
+    best.add_argument(
+        "--method", default="auto", choices=METHODS,
+        help="auto: relaxation, refinement, then the MILP if small enough; milp; relaxation (default: auto)",
+    )
     best.add_argument("--json", action="store_true", help="print JSON instead of text")
 
     grid = commands.add_parser("sweep", help="simulate one log over budget ratios and heuristics (Figure 2)")
@@ -137,7 +143,7 @@ def _describe_optimal(log: str, result: OptimalResult) -> str:
     else:
         outcome = "no schedule fits" if result.status == "infeasible" else "no schedule found in time"
     lines = [
-        f"{log}: {result.status}, {outcome} (Checkmate's MILP, {result.solver})",
+        f"{log}: {result.status}, {outcome} (Checkmate's problem, {result.solver})",
         f"  budget                {result.budget_bytes} B ({_megabytes(result.budget_bytes)})",
         f"  baseline compute      {result.baseline_cost:.0f}",
     ]
@@ -157,7 +163,7 @@ def _describe_optimal(log: str, result: OptimalResult) -> str:
 
 def _optimal(args: argparse.Namespace) -> int:
     budget = args.ratio if args.ratio is not None else args.budget
-    result = optimal(args.log, budget, time_limit=args.time_limit)
+    result = optimal(args.log, budget, time_limit=args.time_limit, method=args.method)
     if args.json:
         print(json.dumps({"log": args.log, **result.to_dict()}))
     else:

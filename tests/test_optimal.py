@@ -236,14 +236,54 @@ def test_the_relaxations_schedule_is_a_valid_stage_schedule_never_below_the_opti
         search = path_search if index < 4 else stage_search
         for budget in range(graph.required_bytes(), graph.unconstrained_peak_bytes() + 11, 10):
             for priced in (False, True):
-                dropped = _solve_intervals(graph, budget, rel_gap=0.0, price_inputs=priced).dropped
+                decisions = _solve_intervals(graph, budget, rel_gap=0.0, price_inputs=priced)
                 for hold in (False, True):
-                    found, tight = check_stage_schedule(graph, budget, dropped, hold, search, found, tight)
+                    found, tight = check_stage_schedule(graph, budget, decisions, hold, search, found, tight)
     assert found >= 100 and tight >= 0.8 * found, (found, tight)  # measured: 108 optimal of 124
 
 
-def check_stage_schedule(graph, budget, dropped, hold, search, found, tight):
-    stages = _schedule_from_intervals(graph, budget, dropped, hold)
+def test_refined_relaxations_bound_the_optimum_and_their_schedules_are_valid():
+    """Refining nodes (Checkmate's own variables for them) must keep the
+    relaxation a bound for every set refined — here none, a random half and
+    all — never below the plain one, and its decisions must still run as
+    valid stage schedules (checked as above). Where the plain relaxation is
+    below the optimum, refining every node closes the gap on these graphs."""
+    cases = [checkmate_graph(chain_trace(4, seed).program) for seed in range(4)]
+    cases += [checkmate_graph(graph_trace(*random_graph(seed, 7)).program) for seed in range(8)]
+    rng = random.Random(0)
+    loose = closed = found = tight = 0
+    for index, graph in enumerate(cases):
+        search = path_search if index < 4 else stage_search
+        everything = frozenset(range(len(graph)))
+        for budget in range(graph.required_bytes(), graph.unconstrained_peak_bytes() + 11, 10):
+            optimum = search(graph, budget)
+            plain = _solve_intervals(graph, budget, rel_gap=0.0).bound
+            half = frozenset(rng.sample(range(len(graph)), len(graph) // 2))
+            for refined in (half, everything):
+                decisions = _solve_intervals(graph, budget, rel_gap=0.0, refined=refined)
+                assert plain - 1e-9 <= decisions.bound <= optimum + 1e-9, (index, budget, sorted(refined))
+                for hold in (False, True):
+                    found, tight = check_stage_schedule(graph, budget, decisions, hold, search, found, tight)
+            if plain < optimum - 1e-9 and math.isfinite(optimum):
+                loose += 1
+                closed += math.isclose(decisions.bound, optimum)  # the last: every node refined
+    assert loose >= 3 and closed == loose, (loose, closed)  # measured: 3 of 3
+    assert found >= 100 and tight >= 0.8 * found, (found, tight)
+
+
+def test_method_picks_the_solver_and_is_checked(mlp_trace):
+    relaxation = jdtr.optimal(mlp_trace, 0.7, rel_gap=0.0, method="relaxation")
+    milp = jdtr.optimal(mlp_trace, 0.7, rel_gap=0.0, method="milp")
+    assert relaxation.variables == 0 and milp.variables > 0
+    assert milp.status == "optimal" and relaxation.bound <= milp.total_cost + 1e-6
+    if relaxation.ok:
+        assert relaxation.total_cost >= milp.total_cost - 1e-6
+    with pytest.raises(ValueError, match="method must be one of 'auto', 'milp', 'relaxation'"):
+        jdtr.optimal(mlp_trace, 0.6, method="gurobi")
+
+
+def check_stage_schedule(graph, budget, decisions, hold, search, found, tight):
+    stages = _schedule_from_intervals(graph, budget, decisions, hold)
     if stages is not None:
         held: frozenset = frozenset()
         for t, (computed, keep) in enumerate(stages):
@@ -313,9 +353,12 @@ def test_optimum_bounds_every_heuristic_on_a_jax_trace(mlp_trace):
     compared = 0
     for ratio in (0.9, 0.8, 0.7):
         best = jdtr.optimal(mlp_trace, ratio, rel_gap=0.0)
-        if ratio == 0.7:  # the relaxation's bound is below the optimum here: only the MILP proves it
+        if ratio == 0.7:  # the first relaxation's bound is below the optimum here: refinement proves it
             assert _solve_intervals(graph, best.budget_bytes).bound < best.total_cost
-            assert best.variables > 0 and "HiGHS" in best.message
+            assert best.variables == 0 and "refined relaxation" in best.message
+            milp = jdtr.optimal(mlp_trace, ratio, rel_gap=0.0, method="milp")  # and so does the MILP
+            assert milp.variables > 0 and "HiGHS" in milp.message
+            assert milp.status == "optimal" and milp.total_cost == pytest.approx(best.total_cost)
         for heuristic in sorted(jdtr.HEURISTICS):
             sim = jdtr.simulate(mlp_trace, ratio, heuristic, overhead_limit=None)
             assert best.budget_bytes == sim.budget_bytes
@@ -356,3 +399,9 @@ def test_command_line(capsys, tmp_path):
     assert out["status"] == expected.status == "optimal" and out["total_cost"] == expected.total_cost
     assert main(["optimal", str(path), "--budget", f"{graph.required_bytes() - 1}B"]) == 0
     assert "infeasible, no schedule fits" in capsys.readouterr().out
+    assert main(["optimal", str(path), "--budget", f"{budget}B", "--method", "milp", "--json"]) == 0
+    milp = json.loads(capsys.readouterr().out)
+    assert milp["status"] == "optimal" and milp["total_cost"] == expected.total_cost
+    with pytest.raises(SystemExit):
+        main(["optimal", str(path), "--ratio", "0.5", "--method", "cplex"])
+    assert "invalid choice: 'cplex'" in capsys.readouterr().err

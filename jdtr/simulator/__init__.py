@@ -6,6 +6,8 @@ authors' simulator (simrd, App. C) measures. `optimal` solves Checkmate's
 MILP on the same trace: the least compute any rematerialization schedule needs.
 """
 
+from ._optimal import METHODS as METHODS
+from ._optimal import MILP_MAX_BINARIES as MILP_MAX_BINARIES
 from ._optimal import CheckmateGraph as CheckmateGraph
 from ._optimal import OptimalResult as OptimalResult
 from ._optimal import checkmate_graph as checkmate_graph
@@ -23,6 +25,8 @@ from ._sweep import sweep as sweep
 __all__ = [
     "Baseline",
     "CheckmateGraph",
+    "METHODS",
+    "MILP_MAX_BINARIES",
     "OptimalResult",
     "PAPER_RATIOS",
     "SimResult",

@@ -35,8 +35,10 @@ logs (several hundred nodes). So `optimal` first solves a relaxation with
 one binary per read of a value (`interval_bound`; seconds even for those
 logs) and runs its decisions as a stage schedule: where the schedule costs
 no more than the relaxation's bound, that proves it optimal and the MILP
-is skipped; else the schedule is the incumbent the MILP must beat, and the
-relaxation's bound is reported when the time limit comes first.
+is skipped. Else it refines the relaxation where the schedule shows it
+wrong (Checkmate's own variables for those nodes only) and tries again;
+the best schedule is the incumbent the MILP must beat, and the best bound
+is reported when the time limit comes first.
 
 The graph is Checkmate's linear graph of the trace (`checkmate_graph`): one
 node per storage a `CALL` creates, with its size and cost, and edges from the
@@ -49,14 +51,19 @@ from __future__ import annotations
 import math
 import os
 import time
-from dataclasses import asdict, dataclass
-from typing import Any, Optional
+from dataclasses import asdict, dataclass, field
+from typing import Any, Iterable, Optional
 
 from ..budget import BudgetLike, parse_budget
 from ..trace import ComputeStep, Program, Trace
 from ._simulate import as_trace, run_baseline
 
 STATUSES = ("optimal", "timeout", "infeasible")
+METHODS = ("auto", "milp", "relaxation")
+# Above this many binaries, "auto" does not build Checkmate's MILP: HiGHS on
+# two cores finds neither a schedule nor a bound for it in minutes (the
+# paper's logs: 130,000 and 224,000), and building it takes a minute.
+MILP_MAX_BINARIES = 50_000
 # Seconds the interval relaxation (`interval_bound`) may take at most.
 INTERVAL_TIME_LIMIT = 10.0
 
@@ -183,6 +190,10 @@ class CheckmateGraph:
             memory -= sum(self.sizes[i] for i in frees.get(k, ()))
         return peak
 
+    def milp_binaries(self) -> int:
+        """Binaries (R and S) of Checkmate's MILP on this graph, without building it."""
+        return _milp_binaries(self)
+
     def required_bytes(self) -> int:
         """The least budget any schedule needs: each node with its inputs, and the outputs together."""
         one_op = max((self.sizes[k] + sum(self.sizes[i] for i in deps) for k, deps in enumerate(self.deps)), default=0)
@@ -263,18 +274,31 @@ class _Model:
         self.row_upper.append(upper)
 
 
+def _useful_until(graph: CheckmateGraph) -> list[int]:
+    """Per node, the last stage in which it can be of use (n: after the end,
+    for outputs). Recomputing or keeping it later is pointless, so the MILP
+    leaves those variables out: a node is useful while a reader may still run."""
+    n = len(graph)
+    users = graph.users()
+    outputs = set(graph.outputs)
+    last = [0] * n
+    for i in reversed(range(n)):
+        last[i] = n if i in outputs else max([i, *(min(last[u], n - 1) for u in users[i])])
+    return last
+
+
+def _milp_binaries(graph: CheckmateGraph) -> int:
+    """The binaries (R and S) of `_build`'s MILP, without building it."""
+    n = len(graph)
+    return sum(min(last, n - 1) - i + 1 + last - i for i, last in enumerate(_useful_until(graph)))
+
+
 def _build(graph: CheckmateGraph, budget_bytes: int) -> tuple[_Model, dict[tuple[int, int], int]]:
     """The MILP of the module docstring; returns it and the R variables by (stage, node)."""
     n = len(graph)
     sizes, costs, deps = graph.sizes, graph.costs, graph.deps
     users = graph.users()
-    outputs = set(graph.outputs)
-    # The last stage in which a node can be of use (n: after the end, for
-    # outputs). Recomputing or keeping it later is pointless, so those
-    # variables are left out: a node is useful while a reader may still run.
-    last = [0] * n
-    for i in reversed(range(n)):
-        last[i] = n if i in outputs else max([i, *(min(last[u], n - 1) for u in users[i])])
+    last = _useful_until(graph)
     model = _Model()
     R: dict[tuple[int, int], int] = {}
     S: dict[tuple[int, int], int] = {}
@@ -349,18 +373,27 @@ Stages = list[tuple[tuple[int, ...], frozenset[int]]]
 
 @dataclass(frozen=True)
 class _Intervals:
-    """The interval relaxation's solution: its bound and the intervals it drops.
+    """The interval relaxation's solution: its bound and its decisions.
 
     `bound` is a lower bound on the optimum only for the unpriced relaxation
-    (`_solve_intervals(..., price_inputs=False)`). `dropped[i]` lists, for node i, the reads (node indices; `len(graph)`
-    for the end) before which it is absent since the read before them."""
+    (`_solve_intervals(..., price_inputs=False)`). `dropped[i]` lists, for a
+    node i outside `refined`, the reads (node indices; `len(graph)` for the
+    end) before which it is absent since the read before them. For a node i
+    in `refined`, `kept[i]` lists the stages it is kept into, and
+    `recomputed[t]` the refined nodes stage t recomputes."""
 
     bound: float
     dropped: dict[int, set[int]]
+    refined: frozenset[int] = frozenset()
+    kept: dict[int, set[int]] = field(default_factory=dict)
+    recomputed: dict[int, set[int]] = field(default_factory=dict)
 
 
 def interval_bound(
-    graph: CheckmateGraph, budget_bytes: int, time_limit: Optional[float] = INTERVAL_TIME_LIMIT
+    graph: CheckmateGraph,
+    budget_bytes: int,
+    time_limit: Optional[float] = INTERVAL_TIME_LIMIT,
+    refined: Iterable[int] = (),
 ) -> float:
     """A lower bound on the optimum's total compute, from a small relaxation.
 
@@ -378,8 +411,17 @@ def interval_bound(
     their memory) is left out. The relaxation has one binary per read, not
     per stage and node, so HiGHS solves it for the paper's logs in seconds;
     on a time limit, its own dual bound is still a bound.
+
+    Nodes in `refined` are modelled as Checkmate does instead, stage by
+    stage (kept into stage t, recomputed in stage t; a recomputation needs
+    its refined inputs computed or kept in that stage), with memory counted
+    only at the moment each node is first computed. That still bounds the
+    optimum from below for any set (a recomputation's transient memory and
+    its inputs outside the set are left out), and more tightly the more
+    nodes are refined; `optimal` refines the nodes its schedules show the
+    bound missing.
     """
-    return _solve_intervals(graph, budget_bytes, time_limit).bound
+    return _solve_intervals(graph, budget_bytes, time_limit, refined=frozenset(refined)).bound
 
 
 def _solve_intervals(
@@ -388,6 +430,7 @@ def _solve_intervals(
     time_limit: Optional[float] = INTERVAL_TIME_LIMIT,
     rel_gap: float = 1e-4,
     price_inputs: bool = False,
+    refined: frozenset[int] = frozenset(),
 ) -> _Intervals:
     """The interval relaxation (see `interval_bound`). With `price_inputs`,
     dropping a value also costs recomputing its inputs that are gone by
@@ -402,62 +445,98 @@ def _solve_intervals(
     baseline = float(sum(graph.costs))
     users = graph.users()
     outputs = set(graph.outputs)
+    refined = frozenset(i for i in refined if graph.sizes[i])
     unit = _memory_unit(budget_bytes)
-    costs: list[float] = []
-    intervals: list[tuple[int, int]] = []  # variable -> (node, the read it ends at)
+    model = _Model()
+    intervals: list[tuple[int, int, int]] = []  # (variable, node, the read it ends at)
     open_at: list[list[tuple[int, float]]] = [[] for _ in range(n)]  # moment -> (variable, size)
     for i in range(n):
-        if not graph.sizes[i]:
+        if not graph.sizes[i] or i in refined:
             continue
         reads = sorted(set(users[i])) + ([n] if i in outputs else [])
         previous = i
         for read in reads:
             if read - previous > 1:  # a moment in between: the value may be absent there
-                var = len(costs)
                 extra = _gone_inputs_cost(graph, users, outputs, i, previous) if price_inputs else 0.0
-                costs.append(graph.costs[i] + extra)
-                intervals.append((i, read))
+                var = model.variable(0.0, 1.0, graph.costs[i] + extra, integer=True)
+                intervals.append((var, i, read))
                 for t in range(previous + 1, read):
                     open_at[t].append((var, graph.sizes[i] / unit))
             previous = read
-    rows, cols, values, lower = [], [], [], []
+    kept, recompute = _refined_variables(model, graph, users, outputs, refined)
     for t in range(n):
         required = graph.constant_bytes + graph.sizes[t] + sum(graph.sizes[i] for i in graph.deps[t])
         optional = sum(size for _, size in open_at[t])
+        inputs = set(graph.deps[t])
+        held = [(kept[i, t + 1], graph.sizes[i] / unit) for i in refined if i < t and i not in inputs and (i, t + 1) in kept]
         excess = required / unit + optional - budget_bytes / unit
-        if excess <= 0:
+        if excess <= 0 and not held:
             continue  # everything fits at this moment
-        for var, size in open_at[t]:  # drop at least the excess
-            rows.append(len(lower))
-            cols.append(var)
-            values.append(size)
-        lower.append(excess)
-    if not lower:
-        return _Intervals(baseline, {})
-    if not costs:
-        return _Intervals(math.inf, {})  # some moment cannot fit even with everything optional dropped
-    matrix = csr_array((values, (rows, cols)), shape=(len(lower), len(costs)))
+        if not open_at[t] and not held:
+            return _Intervals(math.inf, {}, refined)  # some moment cannot fit even with everything optional dropped
+        # dropped intervals free their size, values held past the stage take theirs
+        model.constraint([*((var, size) for var, size in open_at[t]), *((k, -size) for k, size in held)], excess, math.inf)
+    if not model.lower:
+        return _Intervals(baseline, {}, refined)
+    matrix = csr_array((model.values, (model.rows, model.cols)), shape=(len(model.row_lower), len(model.lower)))
     options: dict[str, Any] = {"disp": False, "mip_rel_gap": rel_gap}
     if time_limit is not None:
-        options["time_limit"] = float(time_limit)
+        options["time_limit"] = max(float(time_limit), 0.0)
     solution = milp(
-        np.asarray(costs),
-        integrality=np.ones(len(costs)),
-        bounds=Bounds(0.0, 1.0),
-        constraints=LinearConstraint(matrix, np.asarray(lower), np.inf),
+        np.asarray(model.objective),
+        integrality=np.asarray(model.integer),
+        bounds=Bounds(np.asarray(model.lower), np.asarray(model.upper)),
+        constraints=LinearConstraint(matrix, np.asarray(model.row_lower), np.asarray(model.row_upper)),
         options=options,
     )
     if solution.status == 2:
-        return _Intervals(math.inf, {})
+        return _Intervals(math.inf, {}, refined)
     # The dual bound, not the schedule found: HiGHS stops within a gap of it.
     bound = getattr(solution, "mip_dual_bound", None)
     bound = baseline + (max(float(bound), 0.0) if bound is not None and math.isfinite(bound) else 0.0)
-    dropped: dict[int, set[int]] = {}
+    decisions = _Intervals(bound, {}, refined)
     if solution.x is not None:
-        for var, (i, read) in enumerate(intervals):
+        for var, i, read in intervals:
             if solution.x[var] > 0.5:
-                dropped.setdefault(i, set()).add(read)
-    return _Intervals(bound, dropped)
+                decisions.dropped.setdefault(i, set()).add(read)
+        for (i, t), var in kept.items():
+            if solution.x[var] > 0.5:
+                decisions.kept.setdefault(i, set()).add(t)
+        for (i, t), var in recompute.items():
+            if solution.x[var] > 0.5:
+                decisions.recomputed.setdefault(t, set()).add(i)
+    return decisions
+
+
+def _refined_variables(
+    model: _Model, graph: CheckmateGraph, users: list[list[int]], outputs: set[int], refined: frozenset[int]
+) -> tuple[dict[tuple[int, int], int], dict[tuple[int, int], int]]:
+    """Checkmate's variables and constraints for the refined nodes (see
+    `interval_bound`): kept[i, t] (i held from stage t-1 into stage t) and
+    recompute[i, t]. A refined node lives until its last read, or as long as
+    a refined reader may be recomputed (later than that is never of use);
+    outputs until the end."""
+    n = len(graph)
+    horizon: dict[int, int] = {}
+    for i in sorted(refined, reverse=True):
+        later = [min(horizon[j], n - 1) for j in users[i] if j in refined]
+        horizon[i] = n if i in outputs else max([i, *users[i], *later])
+    kept: dict[tuple[int, int], int] = {}
+    recompute: dict[tuple[int, int], int] = {}
+    for i in sorted(refined):
+        for t in range(i + 1, horizon[i] + 1):
+            kept[i, t] = model.variable(1.0 if t == n else 0.0, 1.0, integer=True)  # outputs: held at the end
+            if t < n:
+                recompute[i, t] = model.variable(0.0, 1.0, graph.costs[i], integer=True)
+        for t in range(i + 2, horizon[i] + 1):  # held only if held or computed in the stage before
+            model.constraint([(kept[i, t], 1.0), (kept[i, t - 1], -1.0), (recompute[i, t - 1], -1.0)], -math.inf, 0.0)
+        for t in set(users[i]):  # present where read
+            model.constraint([(kept[i, t], 1.0), (recompute[i, t], 1.0)], 1.0, math.inf)
+    for (i, t), var in recompute.items():  # recomputing needs the refined inputs in the stage
+        for u in graph.deps[i]:
+            if u in refined:
+                model.constraint([(var, 1.0), (kept[u, t], -1.0), (recompute[u, t], -1.0)], -math.inf, 0.0)
+    return kept, recompute
 
 
 def _gone_inputs_cost(graph: CheckmateGraph, users: list[list[int]], outputs: set[int], node: int, after: int) -> float:
@@ -476,30 +555,39 @@ def _gone_inputs_cost(graph: CheckmateGraph, users: list[list[int]], outputs: se
 
 
 def _schedule_from_intervals(
-    graph: CheckmateGraph, budget_bytes: int, dropped: dict[int, set[int]], hold_recomputed: bool = False
+    graph: CheckmateGraph, budget_bytes: int, decisions: _Intervals, hold_recomputed: bool = False
 ) -> Optional[Stages]:
     """The stage schedule the interval relaxation's decisions describe, if it fits.
 
     Stage t computes node t, first recomputing those of its inputs that are
-    absent (and, recursively, theirs), in graph order: one of Checkmate's
-    stage schedules. After a stage, a value stays resident until its next
-    read unless the relaxation dropped that interval (or it has no read
-    left); the last stage also brings back dropped outputs. The relaxation
-    charges each dropped interval one computation and leaves out what
-    recomputing needs, so this schedule costs at least its bound; where it
-    costs no more, it is optimal. With `hold_recomputed`, a value
-    recomputed only as the input of another recomputation stays until its
-    own next read, where it would otherwise be computed again: one
-    computation instead of two, if the memory allows.
+    absent (and, recursively, theirs) and the refined nodes the decisions
+    recompute there, in graph order: one of Checkmate's stage schedules.
+    After a stage, a value stays resident until its next read unless the
+    relaxation dropped that interval (or it has no read left); a refined
+    value stays while the decisions keep it, and leaves at the start of a
+    stage that does not. The last stage also brings back dropped outputs.
+    The relaxation leaves out what recomputing needs, so this schedule costs
+    at least its bound; where it costs no more, it is optimal. With
+    `hold_recomputed`, a value recomputed only as the input of another
+    recomputation stays until its own next read, where it would otherwise
+    be computed again: one computation instead of two, if the memory allows.
 
     Returns:
       Per stage, the nodes computed (in order) and the nodes held after it;
       None if some computation would exceed the budget.
     """
+    return _realize(graph, budget_bytes, decisions, hold_recomputed)[0]
+
+
+def _realize(
+    graph: CheckmateGraph, budget_bytes: int, decisions: _Intervals, hold_recomputed: bool
+) -> tuple[Optional[Stages], tuple[int, ...]]:
+    """`_schedule_from_intervals`, and the nodes of the stage that did not fit (if one did not)."""
     n = len(graph)
     users = graph.users()
     outputs = set(graph.outputs)
     reads = [sorted(set(u)) + ([n] if i in outputs else []) for i, u in enumerate(users)]
+    refined = decisions.refined
     resident: set[int] = set()
     memory = graph.constant_bytes
     stages = []
@@ -508,15 +596,17 @@ def _schedule_from_intervals(
         """Whether value i stays resident from stage t into stage t+1."""
         if not graph.sizes[i]:
             return True  # views take no memory
+        if i in refined:
+            return t + 1 in decisions.kept.get(i, ())
         following = [r for r in reads[i] if r > t]
         if not following:
             return False
-        return following[0] == t + 1 or following[0] not in dropped.get(i, ()) or (hold_recomputed and recursive)
+        return following[0] == t + 1 or following[0] not in decisions.dropped.get(i, ()) or (hold_recomputed and recursive)
 
     for t in range(n):
         wanted = (*graph.deps[t], *outputs - {t}) if t == n - 1 else graph.deps[t]
         recomputed: set[int] = set()
-        stack = [i for i in wanted if i not in resident]
+        stack = [i for i in (*wanted, *decisions.recomputed.get(t, ())) if i not in resident]
         while stack:
             i = stack.pop()
             if i not in recomputed:
@@ -524,9 +614,13 @@ def _schedule_from_intervals(
                 stack.extend(j for j in graph.deps[i] if j not in resident)
         order = (*sorted(recomputed), t)
         last_read = {i: k for k in order for i in graph.deps[k]}
+        for i in [i for i in resident if i in refined and i not in last_read]:
+            if not keep_after(i, t, False):  # let go before the stage: nothing in it reads it
+                resident.discard(i)
+                memory -= graph.sizes[i]
         for k in order:
             if memory + graph.sizes[k] > budget_bytes:
-                return None
+                return None, order
             memory += graph.sizes[k]
             resident.add(k)
             for i in {*graph.deps[k], k}:  # free what this stage no longer reads and does not keep
@@ -534,16 +628,84 @@ def _schedule_from_intervals(
                     resident.discard(i)
                     memory -= graph.sizes[i]
         stages.append((order, frozenset(resident)))
-    return stages if outputs <= resident else None
+    return (stages, ()) if outputs <= resident else (None, (n - 1,))
 
 
 def _cheapest_schedule(
-    graph: CheckmateGraph, budget_bytes: int, dropped: dict[int, set[int]]
+    graph: CheckmateGraph, budget_bytes: int, decisions: _Intervals
 ) -> Optional[tuple[float, int]]:
     """The cheaper of the two schedules for these decisions (holding values
     recomputed only as inputs, or not): total compute and recomputations."""
-    schedules = (_schedule_from_intervals(graph, budget_bytes, dropped, hold) for hold in (True, False))
+    schedules = (_schedule_from_intervals(graph, budget_bytes, decisions, hold) for hold in (True, False))
     return min((_cost_of(graph, stages) for stages in schedules if stages is not None), default=None)
+
+
+def _refine(
+    graph: CheckmateGraph,
+    budget_bytes: int,
+    decisions: _Intervals,
+    best: Optional[tuple[float, int]],
+    deadline: Optional[float],
+    rel_gap: float,
+) -> tuple[float, Optional[tuple[float, int]], int, int]:
+    """Tighten the interval relaxation where its schedules show it wrong.
+
+    Each round runs the current decisions as a schedule (and those of the
+    relaxation that prices recomputation inputs, refined alike) and refines (see
+    `interval_bound`) the nodes it recomputes more often than the relaxation
+    charged, with the recomputations that read them — or, when it does not
+    fit, the nodes of the stage that overflows and their inputs — then
+    solves again. Every round's bound is a bound and every schedule a
+    schedule, so the best of each is kept. It stops when a schedule meets
+    the bound, when there is nothing left to refine, or at `deadline`
+    (`time.perf_counter()` seconds).
+
+    Returns:
+      The best bound (inf: no schedule fits), the best schedule's compute and
+      recomputations, the rounds solved and the nodes refined.
+    """
+    bound, refined, rounds = decisions.bound, frozenset(), 0
+    while best is None or best[0] > bound * (1 + rel_gap):
+        remaining = None if deadline is None else deadline - time.perf_counter()
+        wanted = _missed_by(graph, budget_bytes, decisions) - refined
+        if not wanted or (remaining is not None and remaining <= 0):
+            break
+        refined |= wanted
+        decisions = _solve_intervals(graph, budget_bytes, remaining, rel_gap, refined=refined)
+        rounds += 1
+        bound = max(bound, decisions.bound)
+        if bound == math.inf:
+            break
+        schedules = [_cheapest_schedule(graph, budget_bytes, decisions)]
+        if schedules[0] is None or schedules[0][0] > bound * (1 + rel_gap):
+            # As in `optimal`: decisions that price what recomputing needs often schedule cheaper.
+            remaining = None if deadline is None else deadline - time.perf_counter()
+            limit = INTERVAL_TIME_LIMIT if remaining is None else min(INTERVAL_TIME_LIMIT, max(remaining, 0.0))
+            priced = _solve_intervals(graph, budget_bytes, limit, rel_gap, price_inputs=True, refined=refined)
+            schedules.append(_cheapest_schedule(graph, budget_bytes, priced))
+        best = min((s for s in (best, *schedules) if s is not None), default=None)
+    return bound, best, rounds, len(refined)
+
+
+def _missed_by(graph: CheckmateGraph, budget_bytes: int, decisions: _Intervals) -> frozenset[int]:
+    """The nodes whose cost or memory these decisions' schedule shows the relaxation missing (see `_refine`)."""
+    realized = [_realize(graph, budget_bytes, decisions, hold) for hold in (False, True)]
+    fitting = [stages for stages, _ in realized if stages is not None]
+    if not fitting:
+        overflow = realized[0][1]
+        return frozenset(i for k in overflow for i in (k, *graph.deps[k]) if graph.sizes[i])
+    stages = min(fitting, key=lambda s: _cost_of(graph, s))
+    charged = {i: len(reads) for i, reads in decisions.dropped.items()}
+    for nodes in decisions.recomputed.values():
+        for i in nodes:
+            charged[i] = charged.get(i, 0) + 1
+    computed: dict[int, int] = {}
+    for t, (order, _) in enumerate(stages):
+        for k in order[:-1]:
+            computed[k] = computed.get(k, 0) + 1
+    missed = {k for k, count in computed.items() if count > charged.get(k, 0)}
+    readers = {k for order, _ in stages for k in order[:-1] if missed.intersection(graph.deps[k])}
+    return frozenset(i for i in missed | readers if graph.sizes[i])
 
 
 def _cost_of(graph: CheckmateGraph, stages: Stages) -> tuple[float, int]:
@@ -564,15 +726,19 @@ def optimal(
     *,
     time_limit: Optional[float] = 60.0,
     rel_gap: float = 1e-6,
+    method: str = "auto",
 ) -> OptimalResult:
     """The least total compute of any rematerialization schedule of `trace` under `budget`.
 
     Solves Checkmate's MILP (Jain et al., MLSys 2020; see this module's
-    docstring) on the trace's linear graph with HiGHS, unless a small
-    relaxation's schedule already meets the relaxation's lower bound (then
-    `variables` is 0 and `message` says so). The MILP is practical for
-    traces of up to a few dozen operators in a minute; beyond that, expect
-    "timeout" with the relaxation's schedule (if it fits) and bound.
+    docstring) on the trace's linear graph with HiGHS, unless a relaxation's
+    schedule already meets the relaxation's lower bound (then `variables` is
+    0 and `message` says so). The relaxation (`interval_bound`) is solved
+    first; where its schedule falls short, the nodes it misses are refined
+    round by round, each round's bound a bound and its schedule a schedule.
+    The MILP is practical for traces of up to a few dozen operators in a
+    minute; beyond that, expect "timeout" with the best schedule and bound
+    found, the optimum between them.
 
     How the model's memory relates to the simulator's (`jdtr.simulate`):
 
@@ -601,16 +767,21 @@ def optimal(
       budget: bytes (int), a size with a unit ("4GB"), or a float in (0, 1]:
         a fraction of the simulator's unconstrained peak (as `jdtr.simulate`
         reads it, so that both get the same budget in bytes).
-      time_limit: seconds HiGHS may take on the MILP (None: no limit); the
-        relaxation behind `bound` takes at most `INTERVAL_TIME_LIMIT` (10 s)
-        more, usually milliseconds.
+      time_limit: seconds for the refinement and the MILP together (None:
+        no limit); the first relaxation takes at most
+        `INTERVAL_TIME_LIMIT` (10 s) more, usually milliseconds.
       rel_gap: HiGHS stops once the best schedule is within this fraction of
         the lower bound; 0 proves optimality exactly.
+      method: "auto" (relaxation, refinement for up to half of `time_limit`,
+        then the MILP if it has at most `MILP_MAX_BINARIES` binaries, else
+        refinement for all of it), "milp" (relaxation, then the MILP), or
+        "relaxation" (relaxation and refinement, no MILP).
 
     Returns:
       An `OptimalResult`. Infeasible budgets and timeouts are results, not errors.
 
     Raises:
+      ValueError: `method` is not one of `METHODS`.
       ImportError: scipy is not installed (`pip install scipy`).
       LogFormatError: `trace` is a path to a malformed log.
 
@@ -619,6 +790,8 @@ def optimal(
       >>> result.status, result.overhead                               # doctest: +SKIP
       ('optimal', 1.03...)
     """
+    if method not in METHODS:
+        raise ValueError(f"method must be one of {', '.join(map(repr, METHODS))}, not {method!r}")
     try:
         import numpy as np
         from scipy.optimize import Bounds, LinearConstraint, milp
@@ -674,17 +847,39 @@ def optimal(
     # The relaxation's decisions, run as a schedule: where that schedule
     # costs no more than the relaxation's bound, it is optimal, and the
     # large MILP is not needed; else it is a schedule the MILP must beat.
-    realized = _cheapest_schedule(graph, budget_bytes, intervals.dropped)
+    realized = _cheapest_schedule(graph, budget_bytes, intervals)
     if realized is None or realized[0] > relaxed * (1 + rel_gap):
         # Decisions that also price what recomputing needs: often a cheaper schedule.
         priced = _solve_intervals(graph, budget_bytes, rel_gap=rel_gap, price_inputs=True)
-        other = _cheapest_schedule(graph, budget_bytes, priced.dropped)
+        other = _cheapest_schedule(graph, budget_bytes, priced)
         realized = min((r for r in (realized, other) if r is not None), default=None)
     if realized is not None and realized[0] <= relaxed * (1 + rel_gap):
         return result(
             "optimal", "the interval relaxation's solution is a schedule", realized[0], min(relaxed, realized[0]),
             realized[1],
         )
+    binaries = graph.milp_binaries()
+    build = method == "milp" or (method == "auto" and binaries <= MILP_MAX_BINARIES)
+    if method != "milp":
+        share = 0.5 if build else 1.0  # the refinement's share of the time; the MILP gets the rest
+        deadline = None if time_limit is None else time.perf_counter() + share * max(time_limit, 0.0)
+        relaxed, realized, rounds, refined = _refine(graph, budget_bytes, intervals, realized, deadline, rel_gap)
+        if relaxed == math.inf:
+            return result("infeasible", "no schedule fits: the refined relaxation has no solution")
+        done = f"{rounds} round{'s' if rounds != 1 else ''} of refinement, {refined} nodes refined"
+        if realized is not None and realized[0] <= relaxed * (1 + rel_gap):
+            return result(
+                "optimal", f"the refined relaxation's solution is a schedule ({done})", realized[0],
+                min(relaxed, realized[0]), realized[1],
+            )
+        if not build:
+            why = "method='relaxation'" if method == "relaxation" else (
+                f"Checkmate's MILP would have {binaries:,} binaries (more than {MILP_MAX_BINARIES:,}): not built"
+            )
+            total, recomputations = realized if realized is not None else (None, None)
+            return result("timeout", f"{why}; {done}", total, relaxed, recomputations)
+        if time_limit is not None:
+            time_limit = max(0.0, time_limit - (time.perf_counter() - start))
     model, R = _build(graph, budget_bytes)
     matrix = csr_array(
         (model.values, (model.rows, model.cols)), shape=(len(model.row_lower), len(model.lower)), dtype=float

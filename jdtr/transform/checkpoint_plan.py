@@ -61,7 +61,7 @@ from .autotune import Timing, can_autotune, example_inputs, median_step_seconds
 from .grad import _argnums_tuple, _describe, _leaf_spec, _Static
 from .interpreter import Interpreter
 from .normalize import normalize
-from .program import Cond, Const, Equation, Program, Value
+from .program import Cond, Equation, Program, Value
 
 NAME_PREFIX = "jdtr:"
 # XLA's buffer assignment is not fully predictable from the plan: a plan

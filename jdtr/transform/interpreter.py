@@ -18,7 +18,7 @@ import numpy as np
 
 from ..runtime import Operator, Runtime, Tensor
 from ..trace import TraceRecorder
-from .program import Cond, Const, Equation, Program, Value
+from .program import Cond, Equation, Program, Value
 from .costs import nanoseconds
 
 
