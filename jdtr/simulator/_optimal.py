@@ -476,8 +476,8 @@ def _solve_intervals(
             return _Intervals(math.inf, {}, refined)  # some moment cannot fit even with everything optional dropped
         # dropped intervals free their size, values held past the stage take theirs
         model.constraint([*((var, size) for var, size in open_at[t]), *((k, -size) for k, size in held)], excess, math.inf)
-    if not model.lower:
-        return _Intervals(baseline, {}, refined)
+    if not model.row_lower:
+        return _Intervals(baseline, {}, refined)  # every moment fits with everything kept
     matrix = csr_array((model.values, (model.rows, model.cols)), shape=(len(model.row_lower), len(model.lower)))
     options: dict[str, Any] = {"disp": False, "mip_rel_gap": rel_gap}
     if time_limit is not None:
