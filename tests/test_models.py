@@ -10,7 +10,6 @@ from __future__ import annotations
 import functools
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 import pytest
 
@@ -43,14 +42,20 @@ def assert_trees_close(actual, expected, rtol=1e-5, atol=1e-6):
 
 
 # Every heuristic at half the peak (where most fit, so gradients are
-# compared); dtr_eq, the default, also unconstrained (nothing is evicted,
-# as asserted below) and at 0.3. The property tests run every heuristic
-# under random budgets too.
+# compared); dtr_eq, the paper's, also unconstrained (nothing is evicted,
+# as asserted below) and at 0.3. The transformer, by far the slowest to run
+# with debug=True, runs the default and the paper's heuristics at 0.5 and
+# dtr_eq at 0.3. The property tests run every heuristic under random budgets too.
 BUDGETS_AND_HEURISTICS = [(1.0, "dtr_eq"), (0.3, "dtr_eq")] + [(0.5, h) for h in sorted(jdtr.HEURISTICS)]
+CASES = [
+    (name, budget, heuristic)
+    for name in sorted(MODELS)
+    for budget, heuristic in BUDGETS_AND_HEURISTICS
+    if name != "transformer" or (budget, heuristic) in {(0.3, "dtr_eq"), (0.5, "dtr_eq"), (0.5, jdtr.DEFAULT_HEURISTIC)}
+]
 
 
-@pytest.mark.parametrize("budget,heuristic", BUDGETS_AND_HEURISTICS)
-@pytest.mark.parametrize("name", sorted(MODELS))
+@pytest.mark.parametrize("name,budget,heuristic", CASES)
 def test_model_gradients_under_budget(name, budget, heuristic):
     model, reference = model_and_reference(name)
     grad_fn = jdtr.grad(model.loss, budget=budget, heuristic=heuristic, return_stats=True, debug=True)

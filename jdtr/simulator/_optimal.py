@@ -75,10 +75,11 @@ class OptimalResult:
     Costs are in the trace's unit (nanoseconds for operator logs), sizes in bytes.
 
     Attributes:
-      status: "optimal" (proven, within `rel_gap`), "timeout" (the time limit
-        came first: `total_cost` is the best schedule found, if any, and
-        `bound` what the optimum is at least), or "infeasible" (no schedule
-        fits the budget).
+      status: "optimal" (proven, within `rel_gap`), "timeout" (not proven:
+        the time limit came first, or the method ran out of means — nothing
+        left to refine, or no MILP; `message` says which — `total_cost` is
+        the best schedule found, if any, and `bound` what the optimum is at
+        least), or "infeasible" (no schedule fits the budget).
       total_cost: compute of the best schedule found (baseline plus
         recomputation); None when none was found.
       baseline_cost: compute of running every operator once.
@@ -596,8 +597,8 @@ def _realize(
         """Whether value i stays resident from stage t into stage t+1."""
         if not graph.sizes[i]:
             return True  # views take no memory
-        if i in refined:
-            return t + 1 in decisions.kept.get(i, ())
+        if i in refined:  # as the decisions keep it (outputs stay at the end, with or without decisions)
+            return t + 1 in decisions.kept.get(i, ()) or (t == n - 1 and i in outputs)
         following = [r for r in reads[i] if r > t]
         if not following:
             return False
@@ -673,6 +674,8 @@ def _refine(
         refined |= wanted
         decisions = _solve_intervals(graph, budget_bytes, remaining, rel_gap, refined=refined)
         rounds += 1
+        if decisions.bound == math.inf and best is not None:
+            break  # HiGHS's "infeasible" despite a schedule that fits: a numerical failure, not a bound
         bound = max(bound, decisions.bound)
         if bound == math.inf:
             break
@@ -768,14 +771,15 @@ def optimal(
         a fraction of the simulator's unconstrained peak (as `jdtr.simulate`
         reads it, so that both get the same budget in bytes).
       time_limit: seconds for the refinement and the MILP together (None:
-        no limit); the first relaxation takes at most
-        `INTERVAL_TIME_LIMIT` (10 s) more, usually milliseconds.
+        no limit); the first relaxations (plain and priced) take at most
+        `INTERVAL_TIME_LIMIT` (10 s) each more, usually milliseconds.
       rel_gap: HiGHS stops once the best schedule is within this fraction of
         the lower bound; 0 proves optimality exactly.
       method: "auto" (relaxation, refinement for up to half of `time_limit`,
         then the MILP if it has at most `MILP_MAX_BINARIES` binaries, else
         refinement for all of it), "milp" (relaxation, then the MILP), or
-        "relaxation" (relaxation and refinement, no MILP).
+        "relaxation" (relaxation and refinement, no MILP). Every method
+        stops at the first relaxation when its schedule meets its bound.
 
     Returns:
       An `OptimalResult`. Infeasible budgets and timeouts are results, not errors.
@@ -862,7 +866,8 @@ def optimal(
     build = method == "milp" or (method == "auto" and binaries <= MILP_MAX_BINARIES)
     if method != "milp":
         share = 0.5 if build else 1.0  # the refinement's share of the time; the MILP gets the rest
-        deadline = None if time_limit is None else time.perf_counter() + share * max(time_limit, 0.0)
+        refining = time.perf_counter()
+        deadline = None if time_limit is None else refining + share * max(time_limit, 0.0)
         relaxed, realized, rounds, refined = _refine(graph, budget_bytes, intervals, realized, deadline, rel_gap)
         if relaxed == math.inf:
             return result("infeasible", "no schedule fits: the refined relaxation has no solution")
@@ -879,7 +884,7 @@ def optimal(
             total, recomputations = realized if realized is not None else (None, None)
             return result("timeout", f"{why}; {done}", total, relaxed, recomputations)
         if time_limit is not None:
-            time_limit = max(0.0, time_limit - (time.perf_counter() - start))
+            time_limit = max(0.0, time_limit - (time.perf_counter() - refining))
     model, R = _build(graph, budget_bytes)
     matrix = csr_array(
         (model.values, (model.rows, model.cols)), shape=(len(model.row_lower), len(model.lower)), dtype=float
