@@ -667,8 +667,8 @@ def _refine(
     """
     bound, refined, rounds = decisions.bound, frozenset(), 0
     while best is None or best[0] > bound * (1 + rel_gap):
-        remaining = None if deadline is None else deadline - time.perf_counter()
         wanted = _missed_by(graph, budget_bytes, decisions) - refined
+        remaining = None if deadline is None else deadline - time.perf_counter()
         if not wanted or (remaining is not None and remaining <= 0):
             break
         refined |= wanted
