@@ -645,12 +645,14 @@ def _refine(
     graph: CheckmateGraph,
     budget_bytes: int,
     decisions: _Intervals,
+    schedules: list[tuple[Optional[Stages], tuple[int, ...]]],
     best: Optional[tuple[float, int]],
     deadline: Optional[float],
     rel_gap: float,
 ) -> tuple[float, Optional[tuple[float, int]], int, int]:
     """Tighten the interval relaxation where its schedules show it wrong.
 
+    `schedules` are the first decisions' realizations (`_schedules`), `best` the best known.
     Each round runs the current decisions as a schedule (and those of the
     relaxation that prices recomputation inputs, refined alike) and refines (see
     `interval_bound`) the nodes it recomputes more often than the relaxation
@@ -666,36 +668,55 @@ def _refine(
       recomputations, the rounds solved and the nodes refined.
     """
     bound, refined, rounds = decisions.bound, frozenset(), 0
+
+    def remaining() -> Optional[float]:
+        return None if deadline is None else deadline - time.perf_counter()
+
     while best is None or best[0] > bound * (1 + rel_gap):
-        wanted = _missed_by(graph, budget_bytes, decisions) - refined
-        remaining = None if deadline is None else deadline - time.perf_counter()
-        if not wanted or (remaining is not None and remaining <= 0):
+        wanted = _missed_by(graph, decisions, schedules) - refined
+        left = remaining()
+        if not wanted or (left is not None and left <= 0):
             break
         refined |= wanted
-        decisions = _solve_intervals(graph, budget_bytes, remaining, rel_gap, refined=refined)
+        decisions = _solve_intervals(graph, budget_bytes, left, rel_gap, refined=refined)
         rounds += 1
         if decisions.bound == math.inf and best is not None:
             break  # HiGHS's "infeasible" despite a schedule that fits: a numerical failure, not a bound
         bound = max(bound, decisions.bound)
         if bound == math.inf:
             break
-        schedules = [_cheapest_schedule(graph, budget_bytes, decisions)]
-        if schedules[0] is None or schedules[0][0] > bound * (1 + rel_gap):
-            # As in `optimal`: decisions that price what recomputing needs often schedule cheaper.
-            remaining = None if deadline is None else deadline - time.perf_counter()
-            limit = INTERVAL_TIME_LIMIT if remaining is None else min(INTERVAL_TIME_LIMIT, max(remaining, 0.0))
-            priced = _solve_intervals(graph, budget_bytes, limit, rel_gap, price_inputs=True, refined=refined)
-            schedules.append(_cheapest_schedule(graph, budget_bytes, priced))
-        best = min((s for s in (best, *schedules) if s is not None), default=None)
+        left = remaining()
+        limit = INTERVAL_TIME_LIMIT if left is None else min(INTERVAL_TIME_LIMIT, max(left, 0.0))
+        found, schedules = _schedules(graph, budget_bytes, decisions, bound, rel_gap, limit)
+        best = min((s for s in (best, found) if s is not None), default=None)
     return bound, best, rounds, len(refined)
 
 
-def _missed_by(graph: CheckmateGraph, budget_bytes: int, decisions: _Intervals) -> frozenset[int]:
-    """The nodes whose cost or memory these decisions' schedule shows the relaxation missing (see `_refine`)."""
+def _schedules(
+    graph: CheckmateGraph, budget_bytes: int, decisions: _Intervals, bound: float, rel_gap: float, time_limit: float
+) -> tuple[Optional[tuple[float, int]], list[tuple[Optional[Stages], tuple[int, ...]]]]:
+    """The cheapest schedule these decisions give (compute, recomputations)
+    or, where it does not meet `bound`, the cheaper with that of the
+    relaxation that prices what recomputing needs (same refined nodes;
+    often cheaper); and the decisions' own two realizations (`_realize`,
+    not holding and holding values recomputed only as inputs)."""
     realized = [_realize(graph, budget_bytes, decisions, hold) for hold in (False, True)]
-    fitting = [stages for stages, _ in realized if stages is not None]
+    best = min((_cost_of(graph, stages) for stages, _ in realized if stages is not None), default=None)
+    if best is None or best[0] > bound * (1 + rel_gap):
+        priced = _solve_intervals(graph, budget_bytes, time_limit, rel_gap, price_inputs=True, refined=decisions.refined)
+        other = _cheapest_schedule(graph, budget_bytes, priced)
+        best = min((s for s in (best, other) if s is not None), default=None)
+    return best, realized
+
+
+def _missed_by(
+    graph: CheckmateGraph, decisions: _Intervals, schedules: list[tuple[Optional[Stages], tuple[int, ...]]]
+) -> frozenset[int]:
+    """The nodes whose cost or memory the `schedules` realized from these
+    decisions show the relaxation missing (see `_refine`)."""
+    fitting = [stages for stages, _ in schedules if stages is not None]
     if not fitting:
-        overflow = realized[0][1]
+        overflow = schedules[0][1]
         return frozenset(i for k in overflow for i in (k, *graph.deps[k]) if graph.sizes[i])
     stages = min(fitting, key=lambda s: _cost_of(graph, s))
     charged = {i: len(reads) for i, reads in decisions.dropped.items()}
@@ -851,12 +872,7 @@ def optimal(
     # The relaxation's decisions, run as a schedule: where that schedule
     # costs no more than the relaxation's bound, it is optimal, and the
     # large MILP is not needed; else it is a schedule the MILP must beat.
-    realized = _cheapest_schedule(graph, budget_bytes, intervals)
-    if realized is None or realized[0] > relaxed * (1 + rel_gap):
-        # Decisions that also price what recomputing needs: often a cheaper schedule.
-        priced = _solve_intervals(graph, budget_bytes, rel_gap=rel_gap, price_inputs=True)
-        other = _cheapest_schedule(graph, budget_bytes, priced)
-        realized = min((r for r in (realized, other) if r is not None), default=None)
+    realized, schedules = _schedules(graph, budget_bytes, intervals, relaxed, rel_gap, INTERVAL_TIME_LIMIT)
     if realized is not None and realized[0] <= relaxed * (1 + rel_gap):
         return result(
             "optimal", "the interval relaxation's solution is a schedule", realized[0], min(relaxed, realized[0]),
@@ -868,7 +884,7 @@ def optimal(
         share = 0.5 if build else 1.0  # the refinement's share of the time; the MILP gets the rest
         refining = time.perf_counter()
         deadline = None if time_limit is None else refining + share * max(time_limit, 0.0)
-        relaxed, realized, rounds, refined = _refine(graph, budget_bytes, intervals, realized, deadline, rel_gap)
+        relaxed, realized, rounds, refined = _refine(graph, budget_bytes, intervals, schedules, realized, deadline, rel_gap)
         if relaxed == math.inf:
             return result("infeasible", "no schedule fits: the refined relaxation has no solution")
         done = f"{rounds} round{'s' if rounds != 1 else ''} of refinement, {refined} nodes refined"

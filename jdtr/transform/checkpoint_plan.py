@@ -780,11 +780,6 @@ def _run_segment(program: Program, seg: Segment, env: dict, consts: dict, implem
 # ---------------------------------------------------------------- planning
 
 
-def _compile(fn: Callable, specs: Sequence) -> tuple[Any, int]:
-    """`fn` compiled for these shapes, and XLA's argument + output + temporary bytes for it."""
-    return _compiled_and_bytes(_lower(fn, specs).compile())
-
-
 def _lower(fn: Callable, specs: Sequence) -> Any:
     structs = [s for s in specs if not isinstance(s, _Static)]
     return jax.jit(fn).lower(*structs)
@@ -807,7 +802,8 @@ def _compiled_and_bytes(compiled: Any) -> tuple[Any, int]:
 
 
 def _compiled_bytes(fn: Callable, specs: Sequence) -> int:
-    return _compile(fn, specs)[1]
+    """XLA's argument + output + temporary bytes for `fn` compiled for these shapes."""
+    return _compiled_and_bytes(_lower(fn, specs).compile())[1]
 
 
 def _layout(plan: Plan) -> tuple:
