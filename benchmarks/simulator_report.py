@@ -300,8 +300,10 @@ it took {minutes:.1f} minutes. Every number below is computed by that script.
   program once in simulation (no buffers, no budget; a `cond` takes its
   largest branch) and logs a `CONSTANT` per argument and constant, a `CALL`
   per equation (sizes of its outputs, `TIME` = the deterministic cost model's
-  seconds in whole ns, the runtime's own unit), a `RELEASE` at each value's
-  last use (not of the arguments, which outlive the call).
+  seconds in whole ns, the runtime's own unit; an equation for which XLA
+  needs temporaries has one more result of that size, released at once), a
+  `RELEASE` at each value's last use (not of the arguments, which outlive
+  the call).
   `jdtr.grad(f, log=path)` writes the same log from a real run (the branches
   taken). Replaying such a log under a budget of `b` bytes takes the
   decisions `jdtr.grad(f, budget=b)` takes, eviction by eviction

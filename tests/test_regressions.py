@@ -16,6 +16,7 @@ import pytest
 from jax import lax
 
 import jdtr
+from jdtr import models
 from jdtr.runtime.graph import Storage
 from jdtr.runtime.heuristics import get_heuristic
 
@@ -203,6 +204,29 @@ def test_a_heuristic_instance_does_not_keep_buffers_alive():
     assert {id(a) for a in jax.live_arrays()} - before == {id(grads)}
 
 
+def test_dropped_gradients_leave_the_device_without_waiting_for_the_cycle_collector():
+    """Found on a GPU by benchmarks/device_peak.py. The runtime's graph
+    (storages, tensors, operators) is full of reference cycles, so it lives
+    on after the call until Python's cycle collector runs; its tensors still
+    held the outputs' buffers. A training loop that dropped last step's
+    gradients kept them on the device all the same, past the budget, until
+    some later collection. The runtime now lets go of every buffer when the
+    run ends. Checked with the collector off, as between two collections."""
+    model = models.mlp_chain(layers=8, width=32, batch=64)
+    gc.collect()
+    before = {id(a) for a in jax.live_arrays()}
+    gc.disable()
+    try:
+        for budget in (1.0, 0.6):
+            grads = jdtr.grad(model.loss, budget=budget)(model.params, model.batch)
+            value, more = jdtr.value_and_grad(model.loss, budget=budget)(model.params, model.batch)
+            jax.block_until_ready((grads, value, more))
+            del grads, value, more
+            assert {id(a) for a in jax.live_arrays()} - before == set()
+    finally:
+        gc.enable()
+
+
 def test_lookahead_replay_of_a_scan_program_takes_the_run_decisions(tmp_path):
     """Found by `make fuzz` (seed 102 of the second long run), flaky: with
     `cost_model="measured"` the replay of a lookahead run's log took other
@@ -236,7 +260,7 @@ def test_lookahead_replay_of_a_scan_program_takes_the_run_decisions(tmp_path):
     q = jnp.array([[0.5], [-0.25], [1.5], [0.1]], jnp.float32)
     expected = jax.value_and_grad(loss, (0, 1), has_aux=True)(p, q)
     evicted = 0
-    for ratio in (0.5, 0.6, 0.75):
+    for ratio in (0.55, 0.6, 0.75):  # 0.5 no longer holds eigh's LAPACK workspace (136 B), counted since
         log = str(tmp_path / f"run{ratio}.log")
         f = jdtr.value_and_grad(loss, (0, 1), has_aux=True, budget=ratio, heuristic="lookahead", return_stats=True,
                                 timeline=True, log=log)
@@ -248,7 +272,7 @@ def test_lookahead_replay_of_a_scan_program_takes_the_run_decisions(tmp_path):
         evicted += stats.evictions
     assert evicted > 0  # the budgets make lookahead choose
     log = str(tmp_path / "measured.log")
-    f = jdtr.value_and_grad(loss, (0, 1), has_aux=True, budget=0.5, heuristic="lookahead", cost_model="measured",
+    f = jdtr.value_and_grad(loss, (0, 1), has_aux=True, budget=0.55, heuristic="lookahead", cost_model="measured",
                             return_stats=True, log=log)
     got, stats = f(p, q)
     assert_trees_close(got, expected)

@@ -303,3 +303,78 @@ def test_pool_holds_exactly_the_evictable_storages():
         for s in rt.storages:
             assert (s in rt.pool) == s.evictable
     assert list(itertools.islice(rt.pool, 1))
+
+
+# ------------------------------------------- the device's own count (allocator blocks)
+
+
+def _blocked_run(budget, with_overhead, respond=True, n=12, size=150, block=256):
+    """A forward chain of `n` values kept for a backward pass, on a device
+    whose allocator gives each buffer a whole `block`: the runtime counts
+    `size`, the device holds `block`. Returns (most bytes the device held,
+    the runtime's peak count, evictions, reservations: operators run)."""
+    device = {"held": 0, "peak": 0}
+
+    class Blocks:
+        def compute(self, op, args):
+            device["held"] += block * len(op.outputs)
+            device["peak"] = max(device["held"], device["peak"])
+            return [object() for _ in op.outputs], None
+
+        def free(self, buffer):
+            if respond:
+                device["held"] -= block
+
+    def overhead(memory):  # as the JAX side reads it: the device's use beyond the runtime's count
+        return max(0, device["held"] - memory)
+
+    counters = Counters()
+    runtime = Runtime(Blocks(), budget, heuristic="dtr_eq", observers=[counters],
+                      device_overhead=overhead if with_overhead else None)
+    xs = [runtime.call("input", [], [size], cost=1.0)[0]]
+    for _ in range(n):
+        xs.append(runtime.call("f", [xs[-1]], [size], cost=1.0)[0])
+    grad = runtime.call("seed", [xs[-1]], [size], cost=1.0)[0]
+    for x in reversed(xs):
+        new = runtime.call("df", [grad, x], [size], cost=1.0)[0]
+        runtime.release(grad)
+        runtime.release(x)
+        grad = new
+    runtime.hold([grad])
+    return device["peak"], counters.peak_bytes, counters.evictions, 2 * n + 3 + counters.rematerializations
+
+
+def test_eviction_keeps_the_devices_count_within_the_budget():
+    """Evictions by count alone let the device exceed the budget by the
+    allocator's rounding of every live buffer; with `device_overhead` the
+    device stays within the budget plus the rounding of the buffer being
+    allocated, and the count within the budget as always."""
+    budget = 1500  # 10 values by count, 5 by the device's blocks
+    plain, plain_count, plain_evictions, _ = _blocked_run(budget, with_overhead=False)
+    kept, kept_count, kept_evictions, _ = _blocked_run(budget, with_overhead=True)
+    assert plain_count <= budget and kept_count <= budget
+    assert plain > budget + 3 * (256 - 150)  # several buffers' rounding over the budget
+    assert kept <= budget + (256 - 150)
+    assert kept_evictions > plain_evictions
+
+
+def test_device_overhead_that_eviction_does_not_lower_stops_evicting():
+    """A device whose use does not drop when a buffer is freed (operators in
+    flight still read it) must not make the runtime evict everything it can
+    at each reservation: it stops at the first eviction that did not help."""
+    counters = Counters()
+    device = {"stuck": None}  # from some point the device's use stays put, whatever is freed
+
+    def overhead(memory):
+        return 0 if device["stuck"] is None else max(0, device["stuck"] - memory)
+
+    runtime = Runtime(NullBackend(), 1000, heuristic="dtr_eq", observers=[counters], device_overhead=overhead)
+    xs = [runtime.call("input", [], [100], cost=1.0)[0]]
+    for _ in range(6):
+        xs.append(runtime.call("f", [xs[-1]], [100], cost=1.0)[0])
+    assert counters.evictions == 0 and runtime.memory == 700
+    device["stuck"] = 950  # no room for 100 more on the device
+    runtime.call("g", [xs[-1]], [100], cost=1.0)
+    # one eviction tried, and no more: evicting the other five would not have lowered the device's use either
+    assert counters.evictions == 1
+    assert runtime.memory == 700

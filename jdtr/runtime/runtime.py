@@ -13,7 +13,7 @@ sum of the sizes of resident storages plus the outputs being allocated.
 
 from __future__ import annotations
 
-from typing import Any, Optional, Protocol, Sequence
+from typing import Any, Callable, Optional, Protocol, Sequence
 
 from .errors import OutOfBudgetError
 from .graph import Operator, Storage, Tensor
@@ -64,6 +64,11 @@ class Runtime:
       schedule: the program's future accesses, for heuristics that look ahead
         (`jdtr.runtime.Schedule`); made empty when the heuristic reads one and
         none is given. The driver of the run fills it.
+      device_overhead: given the runtime's count, the bytes the device holds
+        for the run beyond it (allocator rounding, buffers not yet returned);
+        where given, eviction also keeps count + overhead within the budget,
+        as far as evicting helps. Decisions then depend on the allocator, so
+        a replay without it (the simulator) may take other ones.
     """
 
     def __init__(
@@ -75,6 +80,7 @@ class Runtime:
         observers: Sequence[Observer] = (),
         remat_limit: Optional[float] = None,
         schedule: Optional[Schedule] = None,
+        device_overhead: Optional[Callable[[int], int]] = None,
     ):
         if dealloc not in DEALLOC_POLICIES:
             raise ValueError(f"unknown dealloc policy {dealloc!r}; expected one of {DEALLOC_POLICIES}")
@@ -84,6 +90,7 @@ class Runtime:
         self.dealloc = dealloc
         self.observers = list(observers)
         self.remat_limit = remat_limit
+        self.device_overhead = device_overhead
         self.memory = 0
         self.pinned_bytes = 0
         self.clock = 1.0  # as the paper's simulator: overhead = clock / baseline
@@ -331,9 +338,29 @@ class Runtime:
             if victim is None:
                 self._raise_out_of_budget(nbytes, op, name)
             self._evict(victim, by_heuristic=True)
+        if self.device_overhead is not None:
+            self._reserve_on_device(nbytes)
         self.memory += nbytes
         for observer in self.observers:
             observer.on_allocate(nbytes, self.memory, op)
+
+    def _reserve_on_device(self, nbytes: int) -> None:
+        """Evicts further while the device holds more than the runtime counts
+        and the two together leave no room for `nbytes`: an allocator rounds
+        buffers up to blocks, so a budget kept by count can be exceeded on the
+        device. Best effort: it stops when nothing is evictable, or when an
+        eviction did not lower the device's use (its buffer is still read by
+        an operator in flight), and never raises: the count's budget holds."""
+        used = self.memory + self.device_overhead(self.memory)
+        while used + nbytes > self.budget_bytes:
+            victim = self.heuristic.choose(self.pool, self.clock)
+            if victim is None:
+                return
+            self._evict(victim, by_heuristic=True)
+            now = self.memory + self.device_overhead(self.memory)
+            if now >= used:
+                return
+            used = now
 
     def _unreserve(self, nbytes: int) -> None:
         self.memory -= nbytes
@@ -449,6 +476,12 @@ class Runtime:
                 for tensor in storage.tensors:
                     tensor.buffer, tensor.defined = None, False
                 storage.resident = False
+        # The runtime's graph is full of reference cycles and outlives the
+        # call until Python's cycle collector runs; it must not keep the
+        # caller's outputs (or arguments) alive past the caller's own references.
+        for storage in self.storages:
+            for tensor in storage.tensors:
+                tensor.buffer = None
         for storage in list(self.pool):
             self._pool_remove(storage)
         self.heuristic.detach()

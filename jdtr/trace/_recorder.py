@@ -16,7 +16,8 @@ The log a recorder writes:
 * one `CALL` per operator the program runs, each result a new storage
   (`ALIAS -1`) named "v<n>", with its size in bytes and `TIME` the operator's
   cost in the runtime's unit (jdtr's interpreter counts whole nanoseconds),
-  as an integer of at least 1;
+  as an integer of at least 1; XLA's temporaries for the operator, where it
+  needs any, are one more result, released right after the call;
 * `COPY` for a new reference (a `cond` branch taking its operands), `RELEASE`
   for a dropped one (each value's last use), except for the caller's
   arguments and the program's constants, which outlive the call (the

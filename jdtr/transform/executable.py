@@ -1,21 +1,30 @@
-"""One cached, jitted callable per distinct equation.
+"""One cached, jitted callable per distinct equation, and the memory XLA
+needs to run it beside its outputs.
 
 `prim.bind` on concrete arrays re-dispatches through JAX's eager path each
 time; a jitted callable per (primitive, params, input types) is ~3x cheaper
 to call, and equal layers share one (so they also share one compilation).
+
+An executable may take device memory of its own while it runs: XLA's
+temporaries, and on a GPU the matrix library's workspace (4 MiB for a
+cuBLAS matmul on an H100, measured). `assign_workspaces` reads it from
+XLA's `memory_analysis()`; the interpreter reserves it under the budget as
+an extra output of the operator, released as soon as it has run (so a
+replayed log reserves it too). Without it, the device's allocator peaked
+above budgets that jdtr's own count kept (docs/benchmarks.md).
 """
 
 from __future__ import annotations
 
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable, Hashable, Sequence
 
 import jax
 import numpy as np
 
 from . import _jax_core
-from .program import Const
+from .program import Const, Cond, Equation, Program
 
 
 @dataclass
@@ -24,6 +33,7 @@ class Executable:
     jitted: Any  # the jax.jit object, for lowering (XLA cost analysis)
     trace: Callable[..., list[Any]]  # not jitted: binds the primitive under any trace
     info: Any = None  # cached OpInfo under the XLA cost model
+    temps: dict = field(default_factory=dict)  # XLA temporary bytes, per input types
 
 
 _CACHE: dict[Hashable, Executable] = {}
@@ -99,3 +109,33 @@ def primitive_executable(eqn: "_jax_core.JaxprEqn", inputs: Sequence[Any]) -> Ex
     except TypeError:
         key = ("unique", id(eqn), object())
     return executable(key, build, primitive.multiple_results)
+
+
+def temp_bytes(exe: Executable, args: Sequence[Any]) -> int:
+    """XLA's temporary bytes for one run of `exe` on values like `args`
+    (`memory_analysis()` of its compiled form; the compilation is the one a
+    first call makes, so it is not paid twice). 0 where XLA cannot say."""
+    key = tuple((tuple(a.shape), str(a.dtype), a.weak_type) for a in args)
+    found = exe.temps.get(key)
+    if found is None:
+        structs = [jax.ShapeDtypeStruct(a.shape, a.dtype, weak_type=a.weak_type) for a in args]
+        try:
+            analysis = exe.jitted.lower(*structs).compile().memory_analysis()
+            found = max(int(analysis.temp_size_in_bytes), 0) if analysis is not None else 0
+        except Exception:  # noqa: BLE001 - no analysis (effects, backends without one): nothing to add
+            found = 0
+        exe.temps[key] = found
+    return found
+
+
+def assign_workspaces(program: Program) -> None:
+    """Sets each equation's `workspace` (branches included): the bytes XLA
+    takes beside its inputs and outputs while it runs. Equations with
+    effects keep 0: they run once, pinned, and are never replayed."""
+    for item in program.body:
+        if isinstance(item, Equation):
+            if item.executable is not None and not item.effects:
+                item.workspace = temp_bytes(item.executable, item.args)
+        elif isinstance(item, Cond):
+            for branch in item.branches:
+                assign_workspaces(branch)

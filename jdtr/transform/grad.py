@@ -44,6 +44,7 @@ from ..stats import Stats
 from ..trace import Trace, TraceRecorder
 from . import _jax_core
 from .costs import MEASURED, NANOSECOND, CostModel, check_cost_model
+from .executable import assign_workspaces
 from .interpreter import Interpreter, JaxBackend, LiveArrayCheck
 from .normalize import normalize
 from .program import Cond, Program
@@ -219,6 +220,7 @@ class _ValueAndGrad:
         closed, out_shape = jax.make_jaxpr(flat_fun, return_shape=True)(*[specs[i] for i in traced_positions])
         out_tree = jax.tree_util.tree_structure(out_shape)
         program = normalize(closed, self.cost_model)
+        assign_workspaces(program)
         return Traced(program, out_tree, program.unconstrained_peak(), time.perf_counter() - start)
 
     # ---------------------------------------------------------------- running
@@ -309,6 +311,7 @@ class _ValueAndGrad:
             heuristic=get_heuristic(self.heuristic),
             dealloc=self.dealloc,
             observers=observers,
+            device_overhead=_device_overhead(inputs, held),
         )
         start = time.perf_counter()
         try:
@@ -339,6 +342,26 @@ class _ValueAndGrad:
             timeline=tuple(timeline.events) if timeline is not None else None,
         )
         return outputs, stats
+
+
+def _device_overhead(inputs: Sequence[Any], held: int) -> Optional[Callable[[int], int]]:
+    """For a device whose allocator reports its use (GPUs, TPUs; not the
+    CPU): the bytes the run holds there beyond the runtime's count, given
+    that count. `held` bytes (arguments, constants) were on the device
+    before the run and are in both.
+
+    The allocator rounds buffers up to its blocks: on an H100, runs whose
+    count kept the budget used up to 18% more (docs/benchmarks.md)."""
+    device = next((next(iter(a.devices())) for a in inputs if hasattr(a, "devices")), None) or jax.devices()[0]
+    stats = device.memory_stats()
+    if not stats or "bytes_in_use" not in stats:
+        return None
+    start = stats["bytes_in_use"]
+
+    def overhead(memory: int) -> int:
+        return max(0, device.memory_stats()["bytes_in_use"] - start - (memory - held))
+
+    return overhead
 
 
 def _largest_branch(cond: Cond) -> int:

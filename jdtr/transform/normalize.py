@@ -86,7 +86,7 @@ class _Normalizer:
         outputs = tuple(self.new_value(a) for a in out_avals)
         args = [a for a in inputs if isinstance(a, Value)]
         cost = self.cost(exe, name, params or {}, args, outputs)
-        body.append(Equation(name, tuple(inputs), outputs, exe.fn, cost, effects, source, exe.trace))
+        body.append(Equation(name, tuple(inputs), outputs, exe.fn, cost, effects, source, exe.trace, exe))
         return list(outputs)
 
     def cost(self, exe: Executable, name: str, params: dict, args: Sequence[Value], outputs: Sequence[Value]):
@@ -198,6 +198,8 @@ class _Normalizer:
     # ------------------------------------------------------------------ scan
 
     def can_unroll(self, eqn: Any) -> bool:
+        if not {"length", "num_consts", "num_carry", "reverse", "jaxpr"} <= eqn.params.keys():
+            return False  # a scan of another JAX version's making: run it as one operator
         length = eqn.params["length"]
         size = length * max(len(eqn.params["jaxpr"].jaxpr.eqns), 1)
         if self.unrolled + size > MAX_UNROLLED_EQUATIONS:

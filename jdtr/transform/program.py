@@ -60,6 +60,8 @@ class Equation:
     effects: bool = False
     source: Optional[str] = None
     trace: Optional[Callable[..., list[Any]]] = None
+    executable: Any = None  # the `Executable` `fn` calls, for XLA's analyses
+    workspace: int = 0  # bytes XLA takes beside inputs and outputs while it runs (`assign_workspaces`)
 
     @property
     def args(self) -> tuple[Value, ...]:
@@ -159,7 +161,7 @@ def _walk_peak(program: Program, memory: int, peak: int, branch: bool) -> tuple[
     for i, item in enumerate(program.body):
         if isinstance(item, Equation):
             memory += sum(v.nbytes for v in item.outputs)
-            peak = max(peak, memory)
+            peak = max(peak, memory + item.workspace)
         else:
             ends, peaks = [], []
             for sub in item.branches:
