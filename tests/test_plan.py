@@ -176,6 +176,46 @@ def test_autotune_keeps_the_fastest_plan_within_the_budget():
     assert_trees_close(tuned(w, x), jax.grad(loss)(w, x), rtol=1e-4, atol=1e-5)
 
 
+def test_autotune_runs_no_copy_of_the_arguments_beside_the_budget(monkeypatch):
+    """Found on an H100: autotuning timed its candidates on example inputs
+    made beside the caller's arrays, so the device held a candidate within
+    the budget plus a second copy of the arguments (8% over the budget). It
+    now times the caller's own arrays; under `jax.jit`, where they are
+    abstract, only candidates that fit beside the copy are timed."""
+    from jdtr.transform import checkpoint_plan as cpn
+
+    loss = tanh_chain(16)
+    w = jax.random.normal(jax.random.PRNGKey(0), (64, 64)) / 8
+    x = jax.random.normal(jax.random.PRNGKey(1), (512, 64))
+    timed_on = []
+    real_median, real_examples = cpn.median_step_seconds, cpn.example_inputs
+    monkeypatch.setattr(cpn, "median_step_seconds", lambda exes, inputs: timed_on.append(inputs) or real_median(exes, inputs))
+    monkeypatch.setattr(cpn, "example_inputs", lambda structs: pytest.fail("example inputs beside the caller's arrays"))
+    plan = jdtr.plan(loss, w, x, budget=0.7)
+    assert len(plan.timings) >= 2
+    assert len(timed_on) == 1 and timed_on[0][0] is w and timed_on[0][1] is x
+
+    # At 0.5 the candidates fit the budget, but not beside a copy of the arguments.
+    copy = w.nbytes + x.nbytes
+    budget = 0.5
+    concrete = jdtr.plan(loss, w, x, budget=budget)
+    assert len(concrete.timings) >= 2
+    assert all(t.compiled_bytes + copy > concrete.budget_bytes for t in concrete.timings)
+
+    monkeypatch.setattr(cpn, "example_inputs", real_examples)
+    plans = []
+
+    @jax.jit
+    def step(w, x):
+        plans.append(jdtr.plan(loss, w, x, budget=budget))
+        return plans[-1].grad(w, x)
+
+    assert_trees_close(step(w, x), jax.grad(loss)(w, x), rtol=1e-4, atol=1e-5)
+    (traced,) = plans
+    assert all(t.compiled_bytes + copy <= max(traced.budget_bytes, traced.compiled_bytes) for t in traced.timings)
+    assert len(traced.timings) < len(concrete.timings)  # the copy ruled some out
+
+
 def test_uniform_candidate_is_sqrt_n_checkpointing():
     """Autotuning also times evenly spaced segments that save nothing inside:
     on a chain of 16 layers that is about sqrt(16) segments, as small in
