@@ -301,7 +301,9 @@ it took {minutes:.1f} minutes. Every number below is computed by that script.
   largest branch) and logs a `CONSTANT` per argument and constant, a `CALL`
   per equation (sizes of its outputs, `TIME` = the deterministic cost model's
   seconds in whole ns, the runtime's own unit; an equation for which XLA
-  needs temporaries has one more result of that size, released at once), a
+  needs temporaries has one more result of that size named `workspace<n>`,
+  released at once, which a replay reads as memory the operator needs only
+  while it runs), a
   `RELEASE` at each value's last use (not of the arguments, which outlive
   the call).
   `jdtr.grad(f, log=path)` writes the same log from a real run (the branches

@@ -378,3 +378,34 @@ def test_device_overhead_that_eviction_does_not_lower_stops_evicting():
     # one eviction tried, and no more: evicting the other five would not have lowered the device's use either
     assert counters.evictions == 1
     assert runtime.memory == 700
+
+
+def test_workspace_is_reserved_only_while_its_operator_runs():
+    """XLA's temporaries: `workspace` bytes are counted with the outputs each
+    time the operator runs (first run and replays), given back after, and
+    never become a storage the heuristics could score or evict."""
+    seen = []
+    runtime = None
+
+    class Watch:
+        def compute(self, op, args):
+            seen.append((op.name, runtime.memory))
+            return [object() for _ in op.outputs], None
+
+        def free(self, buffer):
+            pass
+
+    counters = Counters()
+    runtime = Runtime(Watch(), 1000, heuristic="dtr_eq", observers=[counters])
+    x = runtime.call("x", [], [100], cost=1.0)[0]
+    y = runtime.call("y", [x], [200], cost=1.0, workspace=500)[0]
+    assert seen[-1] == ("y", 100 + 200 + 500) and runtime.memory == 300
+    assert counters.peak_bytes == 800 and len(runtime.storages) == 2
+    # The budget leaves no room for y's workspace beside the next value: y is evicted, then replayed.
+    z = runtime.call("z", [x], [800], cost=1.0)[0]
+    runtime.release(z)
+    seen.clear()
+    runtime.get(y)
+    assert counters.evictions == 1 and counters.rematerializations == 1
+    assert seen == [("y", 100 + 200 + 500)]  # the workspace again, for the replay
+    assert runtime.memory == 300 and len(runtime.storages) == 3

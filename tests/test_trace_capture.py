@@ -163,8 +163,9 @@ def test_xla_temporaries_are_reserved_while_their_operator_runs(tmp_path):
     """Found on an H100: XLA takes memory beside an operator's outputs while
     it runs (a matmul's cuBLAS workspace, LAPACK's for `eigh` on the CPU),
     which jdtr did not count, so the device exceeded budgets jdtr's count
-    kept. The operator's `CALL` now has one more result of XLA's temporary
-    bytes, released right after it, in the run and in its log alike."""
+    kept. They are reserved with the outputs while the operator runs; its
+    log's `CALL` has one more result "workspace<n>" of that size, released
+    right after, which the simulator reads back as the operator's workspace."""
     rng = np.random.default_rng(0)
     x = jnp.asarray(rng.standard_normal((16, 16)), jnp.float32)
 
@@ -184,8 +185,11 @@ def test_xla_temporaries_are_reserved_while_their_operator_runs(tmp_path):
     call = records[i]
     outputs = sum(int(np.prod(s.shape)) * s.dtype.itemsize for s in jax.eval_shape(eigh, a))
     assert call.memory[:-1] and sum(call.memory[:-1]) == outputs
-    assert call.memory[-1] == temp
+    assert call.memory[-1] == temp and call.result[-1].startswith("workspace")
     assert records[i + 1] == Release(call.result[-1])
+    # read back as the operator's workspace, not a value
+    (step,) = [s for s in Trace.from_log(log).program.steps if getattr(s, "name", None) == "eigh"]
+    assert step.workspace == temp and len(step.outputs) == len(call.result) - 1
     # budget 1.0 holds it without evicting, and the replay agrees with the run
     assert stats.evictions == 0 and stats.peak_bytes <= stats.budget_bytes
     assert jdtr.simulate(Trace.from_log(log), stats.budget_bytes).peak_bytes == stats.peak_bytes

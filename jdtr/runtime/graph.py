@@ -22,7 +22,7 @@ class Operator:
     `replayable=False`; their outputs are pinned instead of evicted.
     """
 
-    __slots__ = ("id", "name", "inputs", "outputs", "cost", "payload", "replayable", "source")
+    __slots__ = ("id", "name", "inputs", "outputs", "cost", "payload", "replayable", "source", "workspace")
 
     def __init__(
         self,
@@ -33,6 +33,7 @@ class Operator:
         payload: Any = None,
         replayable: bool = True,
         source: Optional[str] = None,
+        workspace: int = 0,
     ):
         self.id = id
         self.name = name
@@ -42,6 +43,7 @@ class Operator:
         self.payload = payload  # what the backend needs to run it (an executable)
         self.replayable = replayable
         self.source = source  # where the user wrote it, for error messages
+        self.workspace = workspace  # bytes it takes while it runs, beside its outputs (XLA's temporaries)
 
     def __repr__(self) -> str:
         return f"Operator({self.id}, {self.name!r}, cost={self.cost})"

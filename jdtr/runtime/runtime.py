@@ -137,14 +137,17 @@ class Runtime:
         replayable: bool = True,
         source: Optional[str] = None,
         aliases: Optional[Sequence[int]] = None,
+        workspace: int = 0,
     ) -> list[Tensor]:
         """Runs `outputs = name(inputs)` and returns the outputs, each holding one reference.
 
         `sizes[i]` is the byte size of output i; `aliases[i] = j >= 0` makes
         output i a view of input j's storage (size 0). `cost=None` takes the
-        time the backend measured.
+        time the backend measured. `workspace` bytes are reserved with the
+        outputs each time the operator runs (first and replayed) and given
+        back when it has run: memory it needs only while running.
         """
-        op = Operator(self._next_id(), name, tuple(inputs), cost, payload, replayable, source)
+        op = Operator(self._next_id(), name, tuple(inputs), cost, payload, replayable, source, workspace)
         for index, size in enumerate(sizes):
             alias = aliases[index] if aliases is not None else -1
             if alias is not None and alias >= 0:
@@ -263,7 +266,7 @@ class Runtime:
                     self._rematerialize(tensor)
                 self._lock(tensor.storage)
                 locked.append(tensor.storage)
-            needed = sum(t.size for t in op.outputs)
+            needed = sum(t.size for t in op.outputs) + op.workspace
             self._reserve(needed, op, op.name)
             try:
                 buffers, elapsed = self.backend.compute(op, [t.buffer for t in op.inputs])
@@ -271,6 +274,8 @@ class Runtime:
                 self._unreserve(needed)
                 raise
             self._finish(op, buffers, elapsed, rematerialization, target or (op.outputs[0] if op.outputs else None))
+            if op.workspace:
+                self._unreserve(op.workspace)
         except BaseException:
             for storage in locked:
                 self._unlock(storage)

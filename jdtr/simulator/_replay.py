@@ -51,6 +51,7 @@ def replay(program: Program, runtime: Runtime, source: Optional[str] = None) -> 
                 cost=step.cost,
                 aliases=step.aliases,
                 source=where,
+                workspace=step.workspace,
             )
             for value, tensor in zip(step.outputs, outputs):
                 values[value] = tensor

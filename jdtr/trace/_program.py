@@ -14,6 +14,13 @@ simulator, simrd, reads a log:
   simulator does the same: such names belong to tensors made before START).
 * Every value still referenced after the last record is an output, in the
   order its first name appeared.
+* jdtr's own extension, inside the format: a `CALL` result named
+  `workspace<digits>` (not a view) is memory the operator needs only while
+  it runs (XLA's temporaries). It becomes the step's `workspace`, reserved
+  with the outputs at every run of the operator and given back after, not
+  a value; its `RELEASE` is then one of a name never defined, ignored. Other
+  tools read it as a result released at once. The paper's logs have no such
+  names.
 
 Lowering also checks that names are defined before use, defined only once,
 and not used or released once every reference to their value is gone.
@@ -21,11 +28,16 @@ and not used or released once every reference to their value is gone.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Optional, Sequence, Union
 
 from ._errors import LogFormatError
 from ._records import Annotate, Call, Constant, Copy, CopyFrom, Mutate, Record, Release
+
+
+WORKSPACE_PREFIX = "workspace"
+_WORKSPACE_NAME = re.compile(WORKSPACE_PREFIX + r"[0-9]+")
 
 
 @dataclass(frozen=True)
@@ -41,6 +53,7 @@ class ComputeStep:
       cost: nanoseconds; 0 for a constant.
       constant: whether this is a constant (pinned, never recomputed).
       line: where it came from in the log, when known.
+      workspace: bytes the operator needs only while it runs.
     """
 
     name: str
@@ -51,6 +64,7 @@ class ComputeStep:
     cost: int
     constant: bool = False
     line: Optional[int] = None
+    workspace: int = 0
 
 
 @dataclass(frozen=True)
@@ -143,14 +157,17 @@ class _Lowering:
         self.refs[value] -= 1
         self.steps.append(ReleaseStep(value))
 
-    def compute(self, name: str, inputs: list[int], outputs: list[int], aliases: Sequence[int], cost: int) -> None:
+    def compute(
+        self, name: str, inputs: list[int], outputs: list[int], aliases: Sequence[int], cost: int, workspace: int = 0
+    ) -> None:
         sizes = tuple(self.own_bytes[v] for v in outputs)
         # Figure 2's gray area: outputs plus every input (a repeated input
         # counts each time, views count 0), as the reference simulator sums.
-        needed = sum(sizes) + sum(self.own_bytes[v] for v in inputs)
+        needed = sum(sizes) + sum(self.own_bytes[v] for v in inputs) + workspace
         self.largest_op_bytes = max(self.largest_op_bytes, needed)
         line = self.lines[self.index] if self.lines is not None else None
-        self.steps.append(ComputeStep(name, tuple(inputs), tuple(outputs), sizes, tuple(aliases), cost, False, line))
+        step = ComputeStep(name, tuple(inputs), tuple(outputs), sizes, tuple(aliases), cost, False, line, workspace)
+        self.steps.append(step)
 
     def constant(self, record: Constant) -> None:
         self.define(record.name)
@@ -165,15 +182,20 @@ class _Lowering:
         inputs = [self.use(name, "argument") for name in record.args]
         for name in record.result:
             self.define(name)
-        outputs = []
+        outputs, names, aliases, workspace = [], [], [], 0
         for name, memory, alias in zip(record.result, record.memory, record.alias):
+            if alias < 0 and _WORKSPACE_NAME.fullmatch(name):
+                workspace += memory  # needed while it runs, not a value
+                continue
             if alias >= 0:  # a view: no memory of its own (App. C.6)
                 outputs.append(self.new_value(name, 0, self.storage_bytes[inputs[alias]]))
             else:
                 outputs.append(self.new_value(name, memory, memory))
-        self.compute(record.name, inputs, outputs, record.alias, record.time)
+            names.append(name)
+            aliases.append(alias)
+        self.compute(record.name, inputs, outputs, aliases, record.time, workspace)
         self.compute_cost += record.time
-        for name, value in zip(record.result, outputs):
+        for name, value in zip(names, outputs):
             self.names[name] = value
 
     def mutate(self, record: Mutate) -> None:

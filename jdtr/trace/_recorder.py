@@ -16,8 +16,10 @@ The log a recorder writes:
 * one `CALL` per operator the program runs, each result a new storage
   (`ALIAS -1`) named "v<n>", with its size in bytes and `TIME` the operator's
   cost in the runtime's unit (jdtr's interpreter counts whole nanoseconds),
-  as an integer of at least 1; XLA's temporaries for the operator, where it
-  needs any, are one more result, released right after the call;
+  as an integer of at least 1; the memory the operator needs only while it
+  runs (XLA's temporaries), where it needs any, is one more result named
+  "workspace<n>", released right after the call (`jdtr.trace._program`
+  reads it back as such);
 * `COPY` for a new reference (a `cond` branch taking its operands), `RELEASE`
   for a dropped one (each value's last use), except for the caller's
   arguments and the program's constants, which outlive the call (the
@@ -38,6 +40,7 @@ from __future__ import annotations
 from typing import Any, Optional, Sequence
 
 from ..runtime import Runtime, Tensor
+from ._program import WORKSPACE_PREFIX
 from ._records import Annotate, Call, Constant, Copy, CopyFrom, Record, Release
 from ._trace import Trace
 
@@ -112,8 +115,9 @@ class TraceRecorder:
         replayable: bool = True,
         source: Optional[str] = None,
         aliases: Optional[Sequence[int]] = None,
+        workspace: int = 0,
     ) -> list[Tensor]:
-        outputs = self.runtime.call(name, inputs, sizes, cost, payload, replayable, source, aliases)
+        outputs = self.runtime.call(name, inputs, sizes, cost, payload, replayable, source, aliases, workspace)
         if cost is None and outputs:  # measured by the backend
             cost = outputs[0].op.cost
         args = tuple(self._names[t] for t in inputs)
@@ -124,9 +128,14 @@ class TraceRecorder:
         if not outputs:  # the format needs a result: a 0-byte one, dropped at once
             results, memory = [self._new_name("v")], [0]
         alias = [-1 if aliases is None or aliases[i] is None else aliases[i] for i in range(len(results))]
+        released = [] if outputs else [results[0]]
+        if workspace:  # one more result by the workspace naming rule (see `jdtr.trace._program`), dropped at once
+            released.append(self._new_name(WORKSPACE_PREFIX))
+            results.append(released[-1])
+            memory.append(int(workspace))
+            alias.append(-1)
         self.records.append(Call(name, args, tuple(results), log_time(cost), tuple(memory), tuple(alias)))
-        if not outputs:
-            self.records.append(Release(results[0]))
+        self.records.extend(Release(label) for label in released)
         return outputs
 
     def retain(self, tensor: Tensor) -> None:

@@ -1242,11 +1242,10 @@ class _RematGrad:
         key = (treedef, specs)
         found = self.plans.get(key)
         if found is None:
-            structs = jax.tree_util.tree_unflatten(
-                treedef, [s.value if isinstance(s, _Static) else s for s in specs]
-            )
+            # The arguments themselves (tracers under jit): autotuning times
+            # concrete ones in place instead of a copy beside them.
             found = make_plan(
-                self.fun, structs[0], structs[1], self.budget, self.argnums, self.has_aux, self.heuristic,
+                self.fun, args, kwargs, self.budget, self.argnums, self.has_aux, self.heuristic,
                 self.implementation, self.autotune,
             )
             self.plans[key] = found

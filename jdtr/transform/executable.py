@@ -8,9 +8,9 @@ to call, and equal layers share one (so they also share one compilation).
 An executable may take device memory of its own while it runs: XLA's
 temporaries, and on a GPU the matrix library's workspace (4 MiB for a
 cuBLAS matmul on an H100, measured). `assign_workspaces` reads it from
-XLA's `memory_analysis()`; the interpreter reserves it under the budget as
-an extra output of the operator, released as soon as it has run (so a
-replayed log reserves it too). Without it, the device's allocator peaked
+XLA's `memory_analysis()`; the runtime reserves it under the budget with
+the operator's outputs each time the operator runs and gives it back after
+(`Runtime.call(workspace=...)`; logs carry it, so replays reserve it too). Without it, the device's allocator peaked
 above budgets that jdtr's own count kept (docs/benchmarks.md).
 """
 

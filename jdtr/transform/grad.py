@@ -352,7 +352,15 @@ def _device_overhead(inputs: Sequence[Any], held: int) -> Optional[Callable[[int
 
     The allocator rounds buffers up to its blocks: on an H100, runs whose
     count kept the budget used up to 18% more (docs/benchmarks.md)."""
-    device = next((next(iter(a.devices())) for a in inputs if hasattr(a, "devices")), None) or jax.devices()[0]
+    # Where the operators run: a committed argument's device (all are on one,
+    # `_check_device`), else where JAX puts uncommitted work.
+    committed = [a for a in inputs if _jax_core.is_array(a) and getattr(a, "committed", False)]
+    if committed:
+        device = next(iter(committed[0].sharding.device_set))
+    else:
+        device = jax.config.jax_default_device or jax.devices()[0]
+        if isinstance(device, str):  # a platform name
+            device = jax.devices(device)[0]
     stats = device.memory_stats()
     if not stats or "bytes_in_use" not in stats:
         return None
@@ -502,6 +510,11 @@ def trace(fun: Callable, *args: Any, argnums: Union[int, Sequence[int]] = 0, has
     the outputs stay referenced. The log does not depend on a budget, so
     `jdtr.simulate(jdtr.trace(f, *args), b)` takes the decisions of
     `jdtr.grad(f, budget=b)(*args)` for a budget of `b` bytes.
+
+    Nothing runs, but each distinct operation is compiled once, to read the
+    temporaries XLA needs for it (a `CALL` result named "workspace<n>"; the
+    compilation a first `jdtr.grad` call would make): seconds for models of
+    a thousand operations, where the simulation alone takes a fraction of one.
 
     A simulation cannot read a `cond`'s predicate: each `cond` contributes
     its branch with the largest unconstrained peak (the branch the budget

@@ -45,8 +45,6 @@ class JaxBackend:
             outs, elapsed = fn(*args), None
         if self.after_compute is not None:
             self.after_compute()
-        if op.payload.workspace:
-            outs = [*outs, None]  # the workspace output: XLA's own, gone when the op is done
         return outs, elapsed
 
     def free(self, buffer: Any) -> None:
@@ -134,28 +132,19 @@ class Interpreter:
             runtime.release(env.pop(value))
         for i, item in enumerate(program.body):
             if type(item) is Equation:
-                sizes = [v.nbytes for v in item.outputs]
-                if item.workspace:
-                    # XLA's temporaries: reserved with the outputs, released as
-                    # soon as the operator has run (and again on each replay).
-                    sizes.append(item.workspace)
                 outs = runtime.call(
                     item.name,
                     [env[v] for v in item.args],
-                    sizes,
+                    [v.nbytes for v in item.outputs],
                     cost=item.cost,
                     payload=item,
                     replayable=not item.effects,
                     source=item.source,
+                    workspace=item.workspace,  # XLA's temporaries, while it runs
                 )
                 for value, tensor in zip(item.outputs, outs):
                     env[value] = tensor
                 self._announce(item.outputs, outs)
-                if item.workspace:
-                    workspace = outs[-1]  # (`outs` may be the operator's own list: not popped)
-                    if self._future is not None:
-                        self.schedule.announce(workspace, ())  # never read, as in a replay of the log
-                    runtime.release(workspace)
             else:
                 self._cond(item, env)
             for value in release.get(i, ()):
