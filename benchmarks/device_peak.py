@@ -15,9 +15,9 @@ share a persistent compilation cache: the first compiles (and is
 discarded), the second loads the compiled executables and is measured —
 the steady state of a training loop.
 
-- `jdtr.grad` (eager): the step under the budget. Its peak is the
-  runtime's own bytes plus what XLA needs inside one operation
-  (temporaries, library workspaces), which jdtr does not count.
+- `jdtr.grad` (eager): the step under the budget. jdtr counts its buffers
+  and XLA's temporaries; the allocator's peak also shows its rounding of
+  buffers up to blocks, which jdtr reads back where the device reports it.
 - `jdtr.remat_grad`, `autotune=False`: planning only compiles, so the peak
   is the step's own (plus the arguments, which the budget includes).
 - `jdtr.remat_grad`, default (autotuned): planning also runs every
@@ -99,7 +99,7 @@ def measure_eager(model: str, ratio: float | None, heuristic: str, plain: bool =
 
         grad = importlib.import_module("jdtr.transform.grad")  # the module (jdtr.transform.grad is also a function)
         grad.assign_workspaces = lambda program: None
-        grad._device_overhead = lambda inputs, held: None
+        grad._device_bytes = lambda inputs, held: None
 
     m, params, batch, device, before = _model(EAGER_MODELS, model)
     arguments = device.memory_stats()["bytes_in_use"] - before
@@ -233,7 +233,7 @@ def main(argv=None):
     parser.add_argument("--eager-ratios", type=float, nargs="+", default=[1.0, 0.5, 0.3], help="jdtr.grad budgets")
     parser.add_argument("--heuristic", default="lookahead", help="jdtr.grad's heuristic")
     parser.add_argument("--only", choices=["eager", "remat"], help="one of the two tables")
-    parser.add_argument("--jobs", type=int, default=1, help="measurements side by side (device memory is not preallocated then)")
+    parser.add_argument("--jobs", type=int, default=1, help="measurements side by side (each process preallocates its share of the device)")
     parser.add_argument("--before", action="store_true", help="also run jdtr.grad as before it reserved workspaces and read the allocator")
     parser.add_argument("--output")
     parser.add_argument("--child", nargs=4, help=argparse.SUPPRESS)

@@ -325,12 +325,9 @@ def _blocked_run(budget, with_overhead, respond=True, n=12, size=150, block=256)
             if respond:
                 device["held"] -= block
 
-    def overhead(memory):  # as the JAX side reads it: the device's use beyond the runtime's count
-        return max(0, device["held"] - memory)
-
     counters = Counters()
     runtime = Runtime(Blocks(), budget, heuristic="dtr_eq", observers=[counters],
-                      device_overhead=overhead if with_overhead else None)
+                      device_bytes=(lambda: device["held"]) if with_overhead else None)
     xs = [runtime.call("input", [], [size], cost=1.0)[0]]
     for _ in range(n):
         xs.append(runtime.call("f", [xs[-1]], [size], cost=1.0)[0])
@@ -346,7 +343,7 @@ def _blocked_run(budget, with_overhead, respond=True, n=12, size=150, block=256)
 
 def test_eviction_keeps_the_devices_count_within_the_budget():
     """Evictions by count alone let the device exceed the budget by the
-    allocator's rounding of every live buffer; with `device_overhead` the
+    allocator's rounding of every live buffer; with `device_bytes` the
     device stays within the budget plus the rounding of the buffer being
     allocated, and the count within the budget as always."""
     budget = 1500  # 10 values by count, 5 by the device's blocks
@@ -358,17 +355,15 @@ def test_eviction_keeps_the_devices_count_within_the_budget():
     assert kept_evictions > plain_evictions
 
 
-def test_device_overhead_that_eviction_does_not_lower_stops_evicting():
+def test_device_use_that_eviction_does_not_lower_stops_evicting():
     """A device whose use does not drop when a buffer is freed (operators in
     flight still read it) must not make the runtime evict everything it can
     at each reservation: it stops at the first eviction that did not help."""
     counters = Counters()
     device = {"stuck": None}  # from some point the device's use stays put, whatever is freed
 
-    def overhead(memory):
-        return 0 if device["stuck"] is None else max(0, device["stuck"] - memory)
-
-    runtime = Runtime(NullBackend(), 1000, heuristic="dtr_eq", observers=[counters], device_overhead=overhead)
+    runtime = Runtime(NullBackend(), 1000, heuristic="dtr_eq", observers=[counters],
+                      device_bytes=lambda: device["stuck"] or 0)  # 0: as counted (the count is the larger)
     xs = [runtime.call("input", [], [100], cost=1.0)[0]]
     for _ in range(6):
         xs.append(runtime.call("f", [xs[-1]], [100], cost=1.0)[0])

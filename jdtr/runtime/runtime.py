@@ -64,11 +64,11 @@ class Runtime:
       schedule: the program's future accesses, for heuristics that look ahead
         (`jdtr.runtime.Schedule`); made empty when the heuristic reads one and
         none is given. The driver of the run fills it.
-      device_overhead: given the runtime's count, the bytes the device holds
-        for the run beyond it (allocator rounding, buffers not yet returned);
-        where given, eviction also keeps count + overhead within the budget,
-        as far as evicting helps. Decisions then depend on the allocator, so
-        a replay without it (the simulator) may take other ones.
+      device_bytes: the bytes the run holds on the device by the device's own
+        count, which can exceed the runtime's (allocator rounding, buffers not
+        yet returned); where given, eviction also keeps the larger of the two
+        within the budget, as far as evicting helps. Decisions then depend on
+        the allocator, so a replay without it (the simulator) may take others.
     """
 
     def __init__(
@@ -80,7 +80,7 @@ class Runtime:
         observers: Sequence[Observer] = (),
         remat_limit: Optional[float] = None,
         schedule: Optional[Schedule] = None,
-        device_overhead: Optional[Callable[[int], int]] = None,
+        device_bytes: Optional[Callable[[], int]] = None,
     ):
         if dealloc not in DEALLOC_POLICIES:
             raise ValueError(f"unknown dealloc policy {dealloc!r}; expected one of {DEALLOC_POLICIES}")
@@ -90,7 +90,7 @@ class Runtime:
         self.dealloc = dealloc
         self.observers = list(observers)
         self.remat_limit = remat_limit
-        self.device_overhead = device_overhead
+        self.device_bytes = device_bytes
         self.memory = 0
         self.pinned_bytes = 0
         self.clock = 1.0  # as the paper's simulator: overhead = clock / baseline
@@ -343,7 +343,7 @@ class Runtime:
             if victim is None:
                 self._raise_out_of_budget(nbytes, op, name)
             self._evict(victim, by_heuristic=True)
-        if self.device_overhead is not None:
+        if self.device_bytes is not None:
             self._reserve_on_device(nbytes)
         self.memory += nbytes
         for observer in self.observers:
@@ -356,13 +356,13 @@ class Runtime:
         device. Best effort: it stops when nothing is evictable, or when an
         eviction did not lower the device's use (its buffer is still read by
         an operator in flight), and never raises: the count's budget holds."""
-        used = self.memory + self.device_overhead(self.memory)
+        used = max(self.memory, self.device_bytes())
         while used + nbytes > self.budget_bytes:
             victim = self.heuristic.choose(self.pool, self.clock)
             if victim is None:
                 return
             self._evict(victim, by_heuristic=True)
-            now = self.memory + self.device_overhead(self.memory)
+            now = max(self.memory, self.device_bytes())
             if now >= used:
                 return
             used = now

@@ -10,8 +10,9 @@ temporaries, and on a GPU the matrix library's workspace (4 MiB for a
 cuBLAS matmul on an H100, measured). `assign_workspaces` reads it from
 XLA's `memory_analysis()`; the runtime reserves it under the budget with
 the operator's outputs each time the operator runs and gives it back after
-(`Runtime.call(workspace=...)`; logs carry it, so replays reserve it too). Without it, the device's allocator peaked
-above budgets that jdtr's own count kept (docs/benchmarks.md).
+(`Runtime.call(workspace=...)`; logs carry it, so replays reserve it too).
+Without it, the device's allocator peaked above budgets that jdtr's own
+count kept (docs/benchmarks.md).
 """
 
 from __future__ import annotations

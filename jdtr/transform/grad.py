@@ -311,7 +311,7 @@ class _ValueAndGrad:
             heuristic=get_heuristic(self.heuristic),
             dealloc=self.dealloc,
             observers=observers,
-            device_overhead=_device_overhead(inputs, held),
+            device_bytes=_device_bytes(inputs, held),
         )
         start = time.perf_counter()
         try:
@@ -344,11 +344,11 @@ class _ValueAndGrad:
         return outputs, stats
 
 
-def _device_overhead(inputs: Sequence[Any], held: int) -> Optional[Callable[[int], int]]:
+def _device_bytes(inputs: Sequence[Any], held: int) -> Optional[Callable[[], int]]:
     """For a device whose allocator reports its use (GPUs, TPUs; not the
-    CPU): the bytes the run holds there beyond the runtime's count, given
-    that count. `held` bytes (arguments, constants) were on the device
-    before the run and are in both.
+    CPU): the bytes the run holds there by the allocator's count, `held`
+    (arguments, constants: on the device before the run) plus what it has
+    allocated since.
 
     The allocator rounds buffers up to its blocks: on an H100, runs whose
     count kept the budget used up to 18% more (docs/benchmarks.md)."""
@@ -366,10 +366,7 @@ def _device_overhead(inputs: Sequence[Any], held: int) -> Optional[Callable[[int
         return None
     start = stats["bytes_in_use"]
 
-    def overhead(memory: int) -> int:
-        return max(0, device.memory_stats()["bytes_in_use"] - start - (memory - held))
-
-    return overhead
+    return lambda: device.memory_stats()["bytes_in_use"] - start + held
 
 
 def _largest_branch(cond: Cond) -> int:
