@@ -48,7 +48,8 @@ def _parser() -> argparse.ArgumentParser:
     )
     best.add_argument(
         "--method", default="auto", choices=METHODS,
-        help="auto: relaxation, refinement, then the MILP if small enough; milp; relaxation (default: auto)",
+        help="auto: relaxation, refinement, then the MILP if small enough; milp: relaxation, then the MILP; "
+        "relaxation: no MILP (default: auto)",
     )
     best.add_argument("--json", action="store_true", help="print JSON instead of text")
 

@@ -22,8 +22,9 @@ import pytest
 
 import jdtr
 from jdtr.cli import main
-from jdtr.simulator import CheckmateGraph, checkmate_graph, interval_bound
-from jdtr.simulator._optimal import _cost_of, _schedule_from_intervals, _solve_intervals
+from jdtr import models
+from jdtr.simulator import MILP_MAX_BINARIES, CheckmateGraph, checkmate_graph, interval_bound
+from jdtr.simulator._optimal import _checkmate, _cost_of, _schedule_from_intervals, _solve_intervals
 from jdtr.trace import Call, Constant, Mutate, Release, Trace
 
 pytest.importorskip("scipy")
@@ -42,10 +43,10 @@ def graph_trace(deps, sizes, costs, outputs, constant=8):
     return Trace(records)
 
 
-def random_graph(seed, n):
+def random_graph(seed, n, fan_in=2, sizes=(10, 20, 30, 50)):
     rng = random.Random(seed)
-    deps = [tuple(sorted(rng.sample(range(k), rng.randint(1, min(k, 2))))) if k else () for k in range(n)]
-    sizes = [rng.choice([10, 20, 30, 50]) for _ in range(n)]
+    deps = [tuple(sorted(rng.sample(range(k), rng.randint(1, min(k, fan_in))))) if k else () for k in range(n)]
+    sizes = [rng.choice(sizes) for _ in range(n)]
     costs = [rng.randint(1, 9) for _ in range(n)]
     return deps, sizes, costs, {n - 1}
 
@@ -199,6 +200,30 @@ def test_optimum_on_chains_equals_the_search_over_all_schedules(seed):
         else:
             assert result.status == "optimal" and result.total_cost == expected, budget
     assert expected == trace.program.compute_cost  # at the unconstrained peak: no recomputation
+
+
+def test_memory_rows_added_as_needed_give_checkmates_optimum():
+    """`_checkmate` first solves without the stages' memory rows (only the
+    frontier's) and adds those of the stages its schedule overflows. Its
+    answer must be the full model's everywhere, and the exhaustive search's
+    where rows had to be added. Graphs with wide fan-in and sizes far apart,
+    where recomputing inside a stage often overflows it."""
+    added = 0
+    for seed in range(20):
+        graph = checkmate_graph(graph_trace(*random_graph(seed, 8, fan_in=3, sizes=(10, 20, 60, 100))).program)
+        for budget in range(graph.required_bytes(), graph.unconstrained_peak_bytes() + 11, 10):
+            lazy = _checkmate(graph, budget, None, 0.0)
+            full = _checkmate(graph, budget, None, 0.0, lazy=False)
+            assert full.stages_checked == len(graph) and lazy.stages_checked <= len(graph)
+            assert lazy.status == full.status and lazy.status in ("optimal", "infeasible"), (seed, budget)
+            if lazy.status == "optimal":
+                assert lazy.best[0] == full.best[0] == pytest.approx(lazy.bound), (seed, budget)
+            if lazy.stages_checked:
+                added += 1
+                expected = stage_search(graph, budget)
+                assert (lazy.best[0] if lazy.best else math.inf) == expected, (seed, budget)
+                assert lazy.rounds >= 2 and lazy.solver["constraints"] < full.solver["constraints"]
+    assert added >= 10, added  # measured: 15
 
 
 def test_interval_bound_is_below_every_optimum_and_above_the_baseline_when_memory_is_short():
@@ -357,7 +382,7 @@ def test_optimum_bounds_every_heuristic_on_a_jax_trace(mlp_trace):
             assert _solve_intervals(graph, best.budget_bytes).bound < best.total_cost
             assert best.variables == 0 and "refined relaxation" in best.message
             milp = jdtr.optimal(mlp_trace, ratio, rel_gap=0.0, method="milp")  # and so does the MILP
-            assert milp.variables > 0 and "HiGHS" in milp.message
+            assert milp.variables > 0 and "HiGHS" in milp.message and milp.message.startswith("Checkmate's MILP")
             assert milp.status == "optimal" and milp.total_cost == pytest.approx(best.total_cost)
         for heuristic in sorted(jdtr.HEURISTICS):
             sim = jdtr.simulate(mlp_trace, ratio, heuristic, overhead_limit=None)
@@ -368,6 +393,39 @@ def test_optimum_bounds_every_heuristic_on_a_jax_trace(mlp_trace):
                 compared += 1
     assert compared >= 10
     assert jdtr.optimal(mlp_trace, graph.required_bytes() - 1).status == "infeasible"
+
+
+def test_the_milp_proves_what_refinement_leaves_open_on_an_rnn_trace():
+    """`rnn(2, 32, 8, 64)` (60 nodes, 3,604 binaries): at 0.6 of its peak the
+    refined relaxation stops between a schedule (1.1706) and a bound
+    (1.1551); the MILP, memory rows added as needed, proves 1.1551 in
+    seconds (HiGHS took 7 minutes to prove the same with every row: too
+    slow for the suite). At 0.5 it proves no stage schedule fits, as the
+    full model does, and no heuristic fits either."""
+    from jdtr.simulator._optimal import _build
+
+    model = models.rnn(2, 32, 8, 64)
+    trace = jdtr.trace(model.loss, model.params, model.batch)
+    graph = checkmate_graph(trace.program)
+    assert len(graph) == 60 and graph.milp_binaries() <= MILP_MAX_BINARIES
+    refined = jdtr.optimal(trace, 0.6, method="relaxation")
+    best = jdtr.optimal(trace, 0.6)
+    assert refined.status == "timeout" and refined.bound < refined.total_cost
+    assert best.status == "optimal" and best.message.startswith("Checkmate's MILP") and best.variables > 0
+    assert refined.bound - 1e-6 <= best.total_cost < refined.total_cost
+    assert best.overhead == pytest.approx(1.1551, abs=1e-4)
+    succeeded = 0
+    for heuristic in sorted(jdtr.HEURISTICS):
+        sim = jdtr.simulate(trace, 0.6, heuristic, overhead_limit=None)
+        if sim.ok:
+            assert best.total_cost <= sim.baseline_cost + sim.remat_cost, heuristic
+            succeeded += 1
+    assert succeeded >= 2
+    none = jdtr.optimal(trace, 0.5)
+    assert none.status == "infeasible" and none.message.startswith("Checkmate's MILP")
+    full, _, _ = _build(graph, none.budget_bytes)  # every stage's memory rows: HiGHS's presolve decides it at once
+    assert full.solve(60.0, 0.0).status == 2  # infeasible
+    assert not any(jdtr.simulate(trace, 0.5, h).ok for h in jdtr.HEURISTICS)
 
 
 def test_time_limit_reports_a_timeout_with_a_bound(mlp_trace):

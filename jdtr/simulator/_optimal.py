@@ -30,15 +30,24 @@ only wasteful schedules help the solver: a stage recomputes or holds a value
 only if it reads it or keeps it, and never recomputes a value it holds.
 It is solved with HiGHS through `scipy.optimize.milp`.
 
-The MILP has on the order of n^2 binaries, beyond HiGHS for the paper's
-logs (several hundred nodes). So `optimal` first solves a relaxation with
-one binary per read of a value (`interval_bound`; seconds even for those
-logs) and runs its decisions as a stage schedule: where the schedule costs
-no more than the relaxation's bound, that proves it optimal and the MILP
-is skipped. Else it refines the relaxation where the schedule shows it
-wrong (Checkmate's own variables for those nodes only) and tries again;
-the best schedule is the incumbent the MILP must beat, and the best bound
-is reported when the time limit comes first.
+Most of its rows and continuous variables are the memory within stages
+(U, FREE), and they are what make HiGHS slow. So `_checkmate` leaves them
+out at first, with one row per stage in their place (the moment its
+frontier node runs), solves that relaxation, runs its solution as a stage
+schedule, and adds the full memory rows of just the stages that overflow,
+until the schedule fits: then it is Checkmate's optimum. The solutions
+rarely overflow (a stage would have to recompute much at once), so one or
+two solves usually do, each much faster than the full model.
+
+Even so the MILP has on the order of n^2 binaries, beyond HiGHS for the
+paper's logs (several hundred nodes). So `optimal` first solves a
+relaxation with one binary per read of a value (`interval_bound`; seconds
+even for those logs) and runs its decisions as a stage schedule: where the
+schedule costs no more than the relaxation's bound, that proves it optimal
+and the MILP is skipped. Above `MILP_MAX_BINARIES` it refines that
+relaxation where the schedule shows it wrong (Checkmate's own variables
+for those nodes only) and tries again, reporting the best schedule and the
+best bound when the time limit comes first.
 
 The graph is Checkmate's linear graph of the trace (`checkmate_graph`): one
 node per storage a `CALL` creates, with its size and cost, and edges from the
@@ -60,9 +69,11 @@ from ._simulate import as_trace, run_baseline
 
 STATUSES = ("optimal", "timeout", "infeasible")
 METHODS = ("auto", "milp", "relaxation")
-# Above this many binaries, "auto" does not build Checkmate's MILP: HiGHS on
-# two cores finds neither a schedule nor a bound for it in minutes (the
-# paper's logs: 130,000 and 224,000), and building it takes a minute.
+# Above this many binaries, "auto" does not build Checkmate's MILP. Up to it
+# (traces of about 200 operators) HiGHS proves optima in seconds at all but
+# the tightest budgets. Above it, it gets little done in a minute: on the
+# U-Net log (130,000 binaries) at 0.9 of its peak, 300 s gave a bound below
+# the one the refinement proves in seconds.
 MILP_MAX_BINARIES = 50_000
 # Seconds the interval relaxation (`interval_bound`) may take at most.
 INTERVAL_TIME_LIMIT = 10.0
@@ -274,6 +285,30 @@ class _Model:
         self.row_lower.append(lower)
         self.row_upper.append(upper)
 
+    def solve(self, time_limit: Optional[float], rel_gap: float) -> Any:
+        """HiGHS's solution (`scipy.optimize.milp`), within `rel_gap` of optimal or by `time_limit` seconds."""
+        import numpy as np
+        from scipy.optimize import Bounds, LinearConstraint, milp
+        from scipy.sparse import csr_array
+
+        matrix = csr_array(
+            (self.values, (self.rows, self.cols)), shape=(len(self.row_lower), len(self.lower)), dtype=float
+        )
+        options: dict[str, Any] = {"disp": False, "mip_rel_gap": rel_gap}
+        if time_limit is not None:
+            options["time_limit"] = max(float(time_limit), 0.0)
+        return milp(
+            np.asarray(self.objective),
+            integrality=np.asarray(self.integer),
+            bounds=Bounds(np.asarray(self.lower), np.asarray(self.upper)),
+            constraints=LinearConstraint(matrix, np.asarray(self.row_lower), np.asarray(self.row_upper)),
+            options=options,
+        )
+
+    def size(self) -> dict[str, int]:
+        """Variables, binaries and constraints, as `OptimalResult` reports them."""
+        return {"variables": len(self.lower), "integer_variables": sum(self.integer), "constraints": len(self.row_lower)}
+
 
 def _useful_until(graph: CheckmateGraph) -> list[int]:
     """Per node, the last stage in which it can be of use (n: after the end,
@@ -294,8 +329,22 @@ def _milp_binaries(graph: CheckmateGraph) -> int:
     return sum(min(last, n - 1) - i + 1 + last - i for i, last in enumerate(_useful_until(graph)))
 
 
-def _build(graph: CheckmateGraph, budget_bytes: int) -> tuple[_Model, dict[tuple[int, int], int]]:
-    """The MILP of the module docstring; returns it and the R variables by (stage, node)."""
+def _build(
+    graph: CheckmateGraph, budget_bytes: int, stages: Optional[Iterable[int]] = None
+) -> tuple[_Model, dict[tuple[int, int], int], dict[tuple[int, int], int]]:
+    """The MILP of the module docstring, with its memory rows (U, FREE) for
+    the given `stages` only (None: all of them, Checkmate's model).
+
+    Every stage also gets one row for the moment its frontier node runs:
+    constants, the node, its inputs and every earlier value kept into the
+    next stage are resident then. That row is implied by the stage's memory
+    rows but costs one row, not one per node, so without them the model is a
+    relaxation whose solutions break the budget only while a stage
+    recomputes (`_checkmate` adds those stages' rows and solves again).
+
+    Returns:
+      The model, and its R and S variables by (stage, node).
+    """
     n = len(graph)
     sizes, costs, deps = graph.sizes, graph.costs, graph.deps
     users = graph.users()
@@ -331,7 +380,13 @@ def _build(graph: CheckmateGraph, budget_bytes: int) -> tuple[_Model, dict[tuple
     unit = _memory_unit(budget_bytes)
     sizes = [size / unit for size in sizes]
     constant_memory = graph.constant_bytes / unit
-    for t in range(n):
+    for t in range(n):  # the frontier's moment
+        inputs = set(deps[t])
+        required = constant_memory + sizes[t] + sum(sizes[i] for i in inputs)
+        held = [(S[t + 1, i], sizes[i]) for i in range(t) if i not in inputs and sizes[i] and (t + 1, i) in S]
+        if held:
+            model.constraint(held, -math.inf, budget_bytes / unit - required)
+    for t in range(n) if stages is None else sorted(set(stages)):
         computed = [k for k in range(t + 1) if (t, k) in R]
         kept = [(S[t, i], sizes[i]) for i in range(t) if (t, i) in S and sizes[i]]
         previous: Optional[int] = None
@@ -357,7 +412,7 @@ def _build(graph: CheckmateGraph, budget_bytes: int) -> tuple[_Model, dict[tuple
                         model.constraint([(free, 1.0), (R[t, j], 1.0)], -math.inf, 1.0)
                 frees.append((free, float(sizes[i])))
             previous = memory
-    return model, R
+    return model, R, S
 
 
 def _memory_unit(budget_bytes: int) -> float:
@@ -438,10 +493,6 @@ def _solve_intervals(
     then (read for the last time before the interval), recursively: no
     longer a bound, but decisions whose schedule costs what they predict
     more often."""
-    import numpy as np
-    from scipy.optimize import Bounds, LinearConstraint, milp
-    from scipy.sparse import csr_array
-
     n = len(graph)
     baseline = float(sum(graph.costs))
     users = graph.users()
@@ -479,17 +530,7 @@ def _solve_intervals(
         model.constraint([*((var, size) for var, size in open_at[t]), *((k, -size) for k, size in held)], excess, math.inf)
     if not model.row_lower:
         return _Intervals(baseline, {}, refined)  # every moment fits with everything kept
-    matrix = csr_array((model.values, (model.rows, model.cols)), shape=(len(model.row_lower), len(model.lower)))
-    options: dict[str, Any] = {"disp": False, "mip_rel_gap": rel_gap}
-    if time_limit is not None:
-        options["time_limit"] = max(float(time_limit), 0.0)
-    solution = milp(
-        np.asarray(model.objective),
-        integrality=np.asarray(model.integer),
-        bounds=Bounds(np.asarray(model.lower), np.asarray(model.upper)),
-        constraints=LinearConstraint(matrix, np.asarray(model.row_lower), np.asarray(model.row_upper)),
-        options=options,
-    )
+    solution = model.solve(time_limit, rel_gap)
     if solution.status == 2:
         return _Intervals(math.inf, {}, refined)
     # The dual bound, not the schedule found: HiGHS stops within a gap of it.
@@ -577,13 +618,24 @@ def _schedule_from_intervals(
       Per stage, the nodes computed (in order) and the nodes held after it;
       None if some computation would exceed the budget.
     """
-    return _realize(graph, budget_bytes, decisions, hold_recomputed)[0]
+    return _realize(graph, budget_bytes, decisions, hold_recomputed).stages
 
 
-def _realize(
-    graph: CheckmateGraph, budget_bytes: int, decisions: _Intervals, hold_recomputed: bool
-) -> tuple[Optional[Stages], tuple[int, ...]]:
-    """`_schedule_from_intervals`, and the nodes of the stage that did not fit (if one did not)."""
+@dataclass(frozen=True)
+class _Realized:
+    """A relaxation's decisions run as a stage schedule (`_realize`).
+
+    `stages` is None when some stage does not fit; `overflowing` lists those
+    stages (each run on past the budget, so all are found at once) and
+    `overflow` the nodes the first of them computes."""
+
+    stages: Optional[Stages]
+    overflow: tuple[int, ...] = ()
+    overflowing: tuple[int, ...] = ()
+
+
+def _realize(graph: CheckmateGraph, budget_bytes: int, decisions: _Intervals, hold_recomputed: bool) -> _Realized:
+    """`_schedule_from_intervals`, and the stages that did not fit (if some did not)."""
     n = len(graph)
     users = graph.users()
     outputs = set(graph.outputs)
@@ -591,7 +643,9 @@ def _realize(
     refined = decisions.refined
     resident: set[int] = set()
     memory = graph.constant_bytes
-    stages = []
+    stages: Stages = []
+    overflowing: list[int] = []
+    overflow: tuple[int, ...] = ()
 
     def keep_after(i: int, t: int, recursive: bool) -> bool:
         """Whether value i stays resident from stage t into stage t+1."""
@@ -620,8 +674,9 @@ def _realize(
                 resident.discard(i)
                 memory -= graph.sizes[i]
         for k in order:
-            if memory + graph.sizes[k] > budget_bytes:
-                return None, order
+            if memory + graph.sizes[k] > budget_bytes and not (overflowing and overflowing[-1] == t):
+                overflowing.append(t)
+                overflow = overflow or order
             memory += graph.sizes[k]
             resident.add(k)
             for i in {*graph.deps[k], k}:  # free what this stage no longer reads and does not keep
@@ -629,7 +684,10 @@ def _realize(
                     resident.discard(i)
                     memory -= graph.sizes[i]
         stages.append((order, frozenset(resident)))
-    return (stages, ()) if outputs <= resident else (None, (n - 1,))
+    if not outputs <= resident and not (overflowing and overflowing[-1] == n - 1):
+        overflowing.append(n - 1)
+        overflow = overflow or (n - 1,)
+    return _Realized(None if overflowing else stages, overflow, tuple(overflowing))
 
 
 def _cheapest_schedule(
@@ -645,7 +703,7 @@ def _refine(
     graph: CheckmateGraph,
     budget_bytes: int,
     decisions: _Intervals,
-    schedules: list[tuple[Optional[Stages], tuple[int, ...]]],
+    schedules: list[_Realized],
     best: Optional[tuple[float, int]],
     deadline: Optional[float],
     rel_gap: float,
@@ -694,14 +752,14 @@ def _refine(
 
 def _schedules(
     graph: CheckmateGraph, budget_bytes: int, decisions: _Intervals, bound: float, rel_gap: float, time_limit: float
-) -> tuple[Optional[tuple[float, int]], list[tuple[Optional[Stages], tuple[int, ...]]]]:
+) -> tuple[Optional[tuple[float, int]], list[_Realized]]:
     """The cheapest schedule these decisions give (compute, recomputations)
     or, where it does not meet `bound`, the cheaper with that of the
     relaxation that prices what recomputing needs (same refined nodes;
     often cheaper); and the decisions' own two realizations (`_realize`,
     not holding and holding values recomputed only as inputs)."""
     realized = [_realize(graph, budget_bytes, decisions, hold) for hold in (False, True)]
-    best = min((_cost_of(graph, stages) for stages, _ in realized if stages is not None), default=None)
+    best = min((_cost_of(graph, r.stages) for r in realized if r.stages is not None), default=None)
     if best is None or best[0] > bound * (1 + rel_gap):
         priced = _solve_intervals(graph, budget_bytes, time_limit, rel_gap, price_inputs=True, refined=decisions.refined)
         other = _cheapest_schedule(graph, budget_bytes, priced)
@@ -710,13 +768,13 @@ def _schedules(
 
 
 def _missed_by(
-    graph: CheckmateGraph, decisions: _Intervals, schedules: list[tuple[Optional[Stages], tuple[int, ...]]]
+    graph: CheckmateGraph, decisions: _Intervals, schedules: list[_Realized]
 ) -> frozenset[int]:
     """The nodes whose cost or memory the `schedules` realized from these
     decisions show the relaxation missing (see `_refine`)."""
-    fitting = [stages for stages, _ in schedules if stages is not None]
+    fitting = [r.stages for r in schedules if r.stages is not None]
     if not fitting:
-        overflow = schedules[0][1]
+        overflow = schedules[0].overflow
         return frozenset(i for k in overflow for i in (k, *graph.deps[k]) if graph.sizes[i])
     stages = min(fitting, key=lambda s: _cost_of(graph, s))
     charged = {i: len(reads) for i, reads in decisions.dropped.items()}
@@ -736,6 +794,84 @@ def _cost_of(graph: CheckmateGraph, stages: Stages) -> tuple[float, int]:
     """Total compute of a stage schedule, and its computations beyond the first of each node."""
     computed = [k for order, _ in stages for k in order]
     return float(sum(graph.costs[k] for k in computed)), len(computed) - len(graph)
+
+
+@dataclass(frozen=True)
+class _Solved:
+    """What `_checkmate` found: the status, the best schedule's compute and
+    recomputations (None: none found), a lower bound, and the last model's size."""
+
+    status: str
+    best: Optional[tuple[float, int]]
+    bound: float
+    rounds: int
+    stages_checked: int
+    message: str
+    solver: dict[str, int]
+
+
+def _checkmate(
+    graph: CheckmateGraph,
+    budget_bytes: int,
+    deadline: Optional[float],
+    rel_gap: float,
+    lazy: bool = True,
+) -> _Solved:
+    """Checkmate's MILP, solved with its memory rows added where needed.
+
+    Most of the MILP's rows and continuous variables track memory inside
+    each stage (U, FREE), and they make HiGHS slow: on `rnn(2, 32, 8, 64)`
+    at ratio 0.6 of its peak it takes 7 minutes with every row, 1.5 s
+    without. So the first model has only the frontier's row per stage (see
+    `_build`), a relaxation of Checkmate's; its solution runs as a stage
+    schedule (`_realize`), and every stage that breaks the budget gets its
+    memory rows for the next solve. A solution whose schedule fits is
+    Checkmate-feasible and optimal for a relaxation, so optimal for
+    Checkmate; every round's dual bound is a bound. `lazy=False` builds
+    every stage's rows at once (Checkmate's model as published).
+    """
+    n = len(graph)
+    checked: set[int] = set()
+    best: Optional[tuple[float, int]] = None
+    bound, rounds, nodes = 0.0, 0, 0
+    refined = frozenset(range(n))
+    while True:
+        model, R, S = _build(graph, budget_bytes, checked if lazy else None)
+        left = None if deadline is None else max(deadline - time.perf_counter(), 0.0)
+        solution = model.solve(left, rel_gap)
+        rounds += 1
+        nodes += int(getattr(solution, "mip_node_count", 0) or 0)
+        solver = {**model.size(), "solver_nodes": nodes}
+
+        def solved(status: str, message: str) -> _Solved:
+            return _Solved(status, best, bound, rounds, n if not lazy else len(checked), message, solver)
+
+        if solution.status == 2:
+            return solved("infeasible", solution.message)
+        if solution.status not in (0, 1):
+            raise RuntimeError(f"HiGHS failed on the rematerialization MILP: {solution.message}")
+        dual = getattr(solution, "mip_dual_bound", None)
+        if dual is not None and math.isfinite(dual):
+            bound = max(bound, float(dual))
+        if solution.x is None:
+            return solved("timeout", solution.message)
+        decisions = _Intervals(bound, {}, refined)
+        for (t, i), var in S.items():
+            if solution.x[var] > 0.5:
+                decisions.kept.setdefault(i, set()).add(t)
+        for (t, i), var in R.items():
+            if t != i and solution.x[var] > 0.5:
+                decisions.recomputed.setdefault(t, set()).add(i)
+        realized = _realize(graph, budget_bytes, decisions, hold_recomputed=False)
+        if realized.stages is not None:
+            best = _cost_of(graph, realized.stages)
+            optimum = solution.status == 0 or best[0] <= bound * (1 + rel_gap)
+            return solved("optimal" if optimum else "timeout", solution.message)
+        if solution.status != 0 or not lazy:
+            return solved("timeout", solution.message)
+        if checked.issuperset(realized.overflowing):  # its rows are in the model: tolerances, not the model
+            return solved("timeout", f"a stage overflows despite its memory rows; {solution.message}")
+        checked.update(realized.overflowing)
 
 
 def _solver_name() -> str:
@@ -758,11 +894,15 @@ def optimal(
     docstring) on the trace's linear graph with HiGHS, unless a relaxation's
     schedule already meets the relaxation's lower bound (then `variables` is
     0 and `message` says so). The relaxation (`interval_bound`) is solved
-    first; where its schedule falls short, the nodes it misses are refined
-    round by round, each round's bound a bound and its schedule a schedule.
-    The MILP is practical for traces of up to a few dozen operators in a
-    minute; beyond that, expect "timeout" with the best schedule and bound
-    found, the optimum between them.
+    first; where its schedule falls short and the MILP is too large, the
+    nodes it misses are refined round by round instead, each round's bound
+    a bound and its schedule a schedule.
+    With its memory rows added only where needed (`_checkmate`), HiGHS
+    proves the MILP's optimum in seconds for traces of up to about two
+    hundred operators down to budgets of about half their peak (and
+    every budget of the 60-operator `rnn(2, 32, 8, 64)`); at tighter
+    budgets, or on larger traces, expect "timeout" with the best schedule
+    and bound found, the optimum between them (docs/simulator.md).
 
     How the model's memory relates to the simulator's (`jdtr.simulate`):
 
@@ -796,11 +936,13 @@ def optimal(
         `INTERVAL_TIME_LIMIT` (10 s) each more, usually milliseconds.
       rel_gap: HiGHS stops once the best schedule is within this fraction of
         the lower bound; 0 proves optimality exactly.
-      method: "auto" (relaxation, refinement for up to half of `time_limit`,
-        then the MILP if it has at most `MILP_MAX_BINARIES` binaries, else
-        refinement for all of it), "milp" (relaxation, then the MILP), or
-        "relaxation" (relaxation and refinement, no MILP). Every method
-        stops at the first relaxation when its schedule meets its bound.
+      method: "auto" (relaxation, then the MILP if it has at most
+        `MILP_MAX_BINARIES` binaries, else refinement of the relaxation),
+        "milp" (relaxation, then the MILP), or "relaxation" (relaxation
+        and refinement, no MILP). Every method stops at the first
+        relaxation when its schedule meets its bound. The MILP's memory
+        rows are added stage by stage where its solutions overflow (see
+        `_checkmate`); its answer is Checkmate's.
 
     Returns:
       An `OptimalResult`. Infeasible budgets and timeouts are results, not errors.
@@ -818,9 +960,7 @@ def optimal(
     if method not in METHODS:
         raise ValueError(f"method must be one of {', '.join(map(repr, METHODS))}, not {method!r}")
     try:
-        import numpy as np
-        from scipy.optimize import Bounds, LinearConstraint, milp
-        from scipy.sparse import csr_array
+        import scipy.optimize  # noqa: F401  (checked here, used by `_Model.solve`)
     except ImportError as err:  # scipy is an optional dependency
         raise ImportError(
             "jdtr.optimal solves a MILP with scipy's HiGHS, but scipy is not installed: "
@@ -879,12 +1019,16 @@ def optimal(
             realized[1],
         )
     binaries = graph.milp_binaries()
-    build = method == "milp" or (method == "auto" and binaries <= MILP_MAX_BINARIES)
+    solve_milp = method == "milp" or (method == "auto" and binaries <= MILP_MAX_BINARIES)
+    deadline = None if time_limit is None else time.perf_counter() + max(time_limit, 0.0)
+    done = ""
     if method != "milp":
-        share = 0.5 if build else 1.0  # the refinement's share of the time; the MILP gets the rest
-        refining = time.perf_counter()
-        deadline = None if time_limit is None else refining + share * max(time_limit, 0.0)
-        relaxed, realized, rounds, refined = _refine(graph, budget_bytes, intervals, schedules, realized, deadline, rel_gap)
+        # The refinement first (half the time where the MILP follows): within
+        # seconds its bounds are often tighter than HiGHS's on the MILP in a
+        # minute, and it proves large graphs' optima the MILP cannot.
+        share = 0.5 if solve_milp else 1.0
+        limit = None if time_limit is None else time.perf_counter() + share * max(time_limit, 0.0)
+        relaxed, realized, rounds, refined = _refine(graph, budget_bytes, intervals, schedules, realized, limit, rel_gap)
         if relaxed == math.inf:
             return result("infeasible", "no schedule fits: the refined relaxation has no solution")
         done = f"{rounds} round{'s' if rounds != 1 else ''} of refinement, {refined} nodes refined"
@@ -893,50 +1037,29 @@ def optimal(
                 "optimal", f"the refined relaxation's solution is a schedule ({done})", realized[0],
                 min(relaxed, realized[0]), realized[1],
             )
-        if not build:
+        if not solve_milp:
             why = "method='relaxation'" if method == "relaxation" else (
                 f"Checkmate's MILP would have {binaries:,} binaries (more than {MILP_MAX_BINARIES:,}): not built"
             )
             total, recomputations = realized if realized is not None else (None, None)
             return result("timeout", f"{why}; {done}", total, relaxed, recomputations)
-        if time_limit is not None:
-            time_limit = max(0.0, time_limit - (time.perf_counter() - refining))
-    model, R = _build(graph, budget_bytes)
-    matrix = csr_array(
-        (model.values, (model.rows, model.cols)), shape=(len(model.row_lower), len(model.lower)), dtype=float
-    )
-    problem = dict(
-        c=np.asarray(model.objective),
-        bounds=Bounds(np.asarray(model.lower), np.asarray(model.upper)),
-        constraints=LinearConstraint(matrix, np.asarray(model.row_lower), np.asarray(model.row_upper)),
-    )
-    options: dict[str, Any] = {"disp": False, "mip_rel_gap": rel_gap}
-    if time_limit is not None:
-        options["time_limit"] = float(time_limit)
-    solution = milp(integrality=np.asarray(model.integer), options=options, **problem)
-    solver = {
-        "variables": len(model.lower),
-        "integer_variables": sum(model.integer),
-        "constraints": len(model.row_lower),
-        "solver_nodes": int(getattr(solution, "mip_node_count", 0) or 0),
-    }
-    if solution.status == 2:
-        return result("infeasible", solution.message, **solver)
-    if solution.status not in (0, 1):
-        raise RuntimeError(f"HiGHS failed on the rematerialization MILP: {solution.message}")
-    bound = getattr(solution, "mip_dual_bound", None)
-    bound = relaxed if bound is None or not math.isfinite(bound) else max(float(bound), relaxed)
-    status = "optimal" if solution.status == 0 else "timeout"
-    if solution.x is None:
-        if realized is not None:  # no schedule from the MILP: the relaxation's is the best known
-            return result(status, solution.message, realized[0], bound, realized[1], **solver)
-        return result(status, solution.message, bound=bound, **solver)
-    computed = [(t, i) for (t, i), var in R.items() if solution.x[var] > 0.5]
-    total, recomputations = float(sum(graph.costs[i] for _, i in computed)), len(computed) - len(graph)
-    if status == "timeout" and realized is not None and realized[0] < total:
-        total, recomputations = realized
-    if status == "timeout" and total <= bound * (1 + rel_gap):
+    solved = _checkmate(graph, budget_bytes, deadline, rel_gap)
+    rows = f"memory rows for {solved.stages_checked} of {len(graph)} stages, {solved.rounds} solve{'s' if solved.rounds != 1 else ''}"
+    message = f"Checkmate's MILP ({rows}): {solved.message}" + (f"; before it, {done}" if done else "")
+    if solved.status == "infeasible":
+        if realized is not None:  # HiGHS's "infeasible" despite a schedule that fits: numerical, not a proof
+            return result(
+                "timeout", f"HiGHS called a model with a schedule infeasible ({rows})", realized[0], relaxed,
+                realized[1], **solved.solver,
+            )
+        return result("infeasible", message, **solved.solver)
+    bound = max(solved.bound, relaxed)
+    best = min((s for s in (solved.best, realized) if s is not None), default=None)
+    status = solved.status
+    if best is not None and best[0] <= bound * (1 + rel_gap):
         status = "optimal"  # the relaxation proves the schedule found optimal
+    if best is None:
+        return result(status, message, bound=bound, **solved.solver)
     if status == "optimal":
-        bound = min(bound, total)
-    return result(status, solution.message, total, bound, recomputations, **solver)
+        bound = min(bound, best[0])
+    return result(status, message, best[0], bound, best[1], **solved.solver)
