@@ -21,8 +21,8 @@ import numpy as np
 import pytest
 
 import jdtr
-from jdtr.cli import main
 from jdtr import models
+from jdtr.cli import main
 from jdtr.simulator import MILP_MAX_BINARIES, CheckmateGraph, checkmate_graph, interval_bound
 from jdtr.simulator._optimal import _checkmate, _cost_of, _schedule_from_intervals, _solve_intervals
 from jdtr.trace import Call, Constant, Mutate, Release, Trace

@@ -60,7 +60,7 @@ from __future__ import annotations
 import math
 import os
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Iterable, Optional
 
 from ..budget import BudgetLike, parse_budget
@@ -111,11 +111,14 @@ class OptimalResult:
         largest node with its inputs, or constants plus all outputs.
       constant_bytes: bytes of the constants, pinned throughout.
       nodes: nodes (stages) of the graph.
-      variables: variables of the MILP (0 when it was not built).
+      variables: variables of the last MILP solved (0 when it was not
+        built): Checkmate's, with memory rows for the stages that needed them.
       integer_variables: binary variables among them.
       constraints: constraints of the MILP.
-      solver_nodes: branch-and-bound nodes HiGHS explored.
-      solve_time_s: wall time of building and solving the MILP.
+      solver_nodes: branch-and-bound nodes HiGHS explored, over all the
+        MILP's solves.
+      solve_time_s: wall time of the whole call (relaxations, refinement
+        and the MILP).
       solver: the solver, with the scipy version.
       message: the solver's message, or why no MILP was needed.
     """
@@ -832,7 +835,6 @@ def _checkmate(
     """
     n = len(graph)
     checked: set[int] = set()
-    best: Optional[tuple[float, int]] = None
     bound, rounds, nodes = 0.0, 0, 0
     refined = frozenset(range(n))
     while True:
@@ -841,20 +843,17 @@ def _checkmate(
         solution = model.solve(left, rel_gap)
         rounds += 1
         nodes += int(getattr(solution, "mip_node_count", 0) or 0)
-        solver = {**model.size(), "solver_nodes": nodes}
-
-        def solved(status: str, message: str) -> _Solved:
-            return _Solved(status, best, bound, rounds, n if not lazy else len(checked), message, solver)
-
-        if solution.status == 2:
-            return solved("infeasible", solution.message)
-        if solution.status not in (0, 1):
+        if solution.status not in (0, 1, 2):
             raise RuntimeError(f"HiGHS failed on the rematerialization MILP: {solution.message}")
         dual = getattr(solution, "mip_dual_bound", None)
-        if dual is not None and math.isfinite(dual):
+        if solution.status != 2 and dual is not None and math.isfinite(dual):
             bound = max(bound, float(dual))
+        solver = {**model.size(), "solver_nodes": nodes}
+        solved = _Solved("timeout", None, bound, rounds, len(checked) if lazy else n, solution.message, solver)
+        if solution.status == 2:
+            return replace(solved, status="infeasible")
         if solution.x is None:
-            return solved("timeout", solution.message)
+            return solved
         decisions = _Intervals(bound, {}, refined)
         for (t, i), var in S.items():
             if solution.x[var] > 0.5:
@@ -866,11 +865,11 @@ def _checkmate(
         if realized.stages is not None:
             best = _cost_of(graph, realized.stages)
             optimum = solution.status == 0 or best[0] <= bound * (1 + rel_gap)
-            return solved("optimal" if optimum else "timeout", solution.message)
+            return replace(solved, status="optimal" if optimum else "timeout", best=best)
         if solution.status != 0 or not lazy:
-            return solved("timeout", solution.message)
+            return solved
         if checked.issuperset(realized.overflowing):  # its rows are in the model: tolerances, not the model
-            return solved("timeout", f"a stage overflows despite its memory rows; {solution.message}")
+            return replace(solved, message=f"a stage overflows despite its memory rows; {solution.message}")
         checked.update(realized.overflowing)
 
 
@@ -898,9 +897,10 @@ def optimal(
     nodes it misses are refined round by round instead, each round's bound
     a bound and its schedule a schedule.
     With its memory rows added only where needed (`_checkmate`), HiGHS
-    proves the MILP's optimum in seconds for traces of up to about two
-    hundred operators down to budgets of about half their peak (and
-    every budget of the 60-operator `rnn(2, 32, 8, 64)`); at tighter
+    proves optima within a minute for traces of up to about two hundred
+    operators down to budgets of 0.7 to 0.5 of their peak, depending on
+    the model (and every budget of the 60-operator `rnn(2, 32, 8, 64)`,
+    which the refinement alone leaves open at 0.6 and 0.5); at tighter
     budgets, or on larger traces, expect "timeout" with the best schedule
     and bound found, the optimum between them (docs/simulator.md).
 
