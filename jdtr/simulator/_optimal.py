@@ -70,10 +70,11 @@ from ._simulate import as_trace, run_baseline
 STATUSES = ("optimal", "timeout", "infeasible")
 METHODS = ("auto", "milp", "relaxation")
 # Above this many binaries, "auto" does not build Checkmate's MILP. Up to it
-# (traces of about 200 operators) HiGHS proves optima in seconds at all but
-# the tightest budgets. Above it, it gets little done in a minute: on the
-# U-Net log (130,000 binaries) at 0.9 of its peak, 300 s gave a bound below
-# the one the refinement proves in seconds.
+# (traces of about 200 operators), with the refinement, it proves optima
+# within a minute down to 0.7 to 0.5 of the peak (docs/simulator.md). Above
+# it, HiGHS gets little done in a minute: on the U-Net log (130,000
+# binaries) at 0.9 of its peak, 300 s gave a bound below the one the
+# refinement proves in seconds.
 MILP_MAX_BINARIES = 50_000
 # Seconds the interval relaxation (`interval_bound`) may take at most.
 INTERVAL_TIME_LIMIT = 10.0
