@@ -451,8 +451,11 @@ def optimal_story(optimal: Sequence[OptimalResult], ratios: Sequence[float]) -> 
     def budgets(count: int) -> str:
         return f"{count} budget{'s' if count != 1 else ''}"
 
+    def detail(o: OptimalResult) -> str:  # the message's first parenthesis: rounds, or rows and solves
+        return re.search(r"[(](.*?)[)]", o.message).group(1)
+
     def how(proven: list[tuple[float, OptimalResult]]) -> str:
-        return "; ".join(f"{r:g}: {re.search(r'[(](.*?)[)]', o.message).group(1)}" for r, o in proven)
+        return "; ".join(f"{r:g}: {detail(o)}" for r, o in proven)
 
     text = f"Proven optimal: {budgets(len(first))} by the first relaxation's schedule"
     if refined or not milp:
@@ -461,7 +464,7 @@ def optimal_story(optimal: Sequence[OptimalResult], ratios: Sequence[float]) -> 
         text += f", {len(milp)} by the MILP ({how(milp)})"
     none = [(r, o) for r, o in zip(ratios, optimal) if o.status == "infeasible" and o.message.startswith("Checkmate's MILP")]
     if none:
-        at = "; ".join(f"{r:g} ({re.search(r'[(](.*?)[)]', o.message).group(1)})" for r, o in none)
+        at = "; ".join(f"{r:g} ({detail(o)})" for r, o in none)
         text += f"; the MILP proves that no stage schedule fits at {at}"
     return text + (f"; {budgets(len(open_))} left between a schedule and a bound." if open_ else ".")
 

@@ -24,7 +24,7 @@ import jdtr
 from jdtr import models
 from jdtr.cli import main
 from jdtr.simulator import MILP_MAX_BINARIES, CheckmateGraph, checkmate_graph, interval_bound
-from jdtr.simulator._optimal import _checkmate, _cost_of, _schedule_from_intervals, _solve_intervals
+from jdtr.simulator._optimal import _build, _checkmate, _cost_of, _schedule_from_intervals, _solve_intervals
 from jdtr.trace import Call, Constant, Mutate, Release, Trace
 
 pytest.importorskip("scipy")
@@ -402,8 +402,6 @@ def test_the_milp_proves_what_refinement_leaves_open_on_an_rnn_trace():
     seconds (HiGHS took 7 minutes to prove the same with every row: too
     slow for the suite). At 0.5 it proves no stage schedule fits, as the
     full model does, and no heuristic fits either."""
-    from jdtr.simulator._optimal import _build
-
     model = models.rnn(2, 32, 8, 64)
     trace = jdtr.trace(model.loss, model.params, model.batch)
     graph = checkmate_graph(trace.program)
