@@ -23,8 +23,20 @@ import pytest
 import jdtr
 from jdtr import models
 from jdtr.cli import main
+from jdtr.runtime import Observer
 from jdtr.simulator import MILP_MAX_BINARIES, CheckmateGraph, checkmate_graph, interval_bound
-from jdtr.simulator._optimal import _build, _checkmate, _cost_of, _schedule_from_intervals, _solve_intervals
+from jdtr.simulator._optimal import (
+    SEED_HEURISTICS,
+    _build,
+    _checkmate,
+    _cost_of,
+    _realize,
+    _schedule_from_intervals,
+    _solve_intervals,
+    _StageRecorder,
+    _useful_until,
+)
+from jdtr.simulator._simulate import run_baseline, run_budget
 from jdtr.trace import Call, Constant, Mutate, Release, Trace
 
 pytest.importorskip("scipy")
@@ -307,16 +319,23 @@ def test_method_picks_the_solver_and_is_checked(mlp_trace):
         jdtr.optimal(mlp_trace, 0.6, method="gurobi")
 
 
+def assert_stage_schedule(graph, budget, stages):
+    """A valid stage schedule: stage t computes node t last, each node at most
+    once and in order, every input computed before or held, and it fits the
+    budget (`fits`, the stage search's own memory rule); outputs held at the end."""
+    held: frozenset = frozenset()
+    for t, (computed, keep) in enumerate(stages):
+        assert computed[-1] == t and list(computed) == sorted(set(computed))
+        assert all(i in held or i in computed[: computed.index(k)] for k in computed for i in graph.deps[k])
+        assert fits(graph, budget, held, computed, keep), (budget, t)
+        held = keep
+    assert set(graph.outputs) <= held
+
+
 def check_stage_schedule(graph, budget, decisions, hold, search, found, tight):
     stages = _schedule_from_intervals(graph, budget, decisions, hold)
     if stages is not None:
-        held: frozenset = frozenset()
-        for t, (computed, keep) in enumerate(stages):
-            assert computed[-1] == t and list(computed) == sorted(set(computed))
-            assert all(i in held or i in computed[: computed.index(k)] for k in computed for i in graph.deps[k])
-            assert fits(graph, budget, held, computed, keep), (budget, t)
-            held = keep
-        assert set(graph.outputs) <= held
+        assert_stage_schedule(graph, budget, stages)
         cost = _cost_of(graph, stages)[0]
         optimum = search(graph, budget)
         assert cost >= optimum - 1e-9, budget
@@ -424,6 +443,58 @@ def test_the_milp_proves_what_refinement_leaves_open_on_an_rnn_trace():
     full, _, _ = _build(graph, none.budget_bytes)  # every stage's memory rows: HiGHS's presolve decides it at once
     assert full.solve(60.0, 0.0).status == 2  # infeasible
     assert not any(jdtr.simulate(trace, 0.5, h).ok for h in jdtr.HEURISTICS)
+
+
+class Replays(Observer):
+    """Counts operators a run rematerializes twice between two first computations."""
+
+    def __init__(self):
+        self.since, self.twice = set(), 0
+
+    def on_compute(self, op, cost, rematerialization, clock):
+        if not rematerialization:
+            self.since = set()
+        elif op.id in self.since:
+            self.twice += 1
+        else:
+            self.since.add(op.id)
+
+
+def test_dtr_runs_are_stage_schedules_costing_what_they_did():
+    """A DTR run that rematerializes each operator at most once between two
+    first computations, read as stages (`_StageRecorder`), is a valid stage
+    schedule costing no more than the run, and here (nearly) always the
+    same; so `optimal`, which starts from its `SEED_HEURISTICS`' runs,
+    never reports a schedule worse than theirs, even with no time to solve."""
+    compared = same = 0
+    for make in (lambda: models.mlp_chain(4, 32, 256), lambda: models.rnn(2, 32, 8, 64), lambda: models.resnet(1, 8, 8, 4)):
+        model = make()
+        trace = jdtr.trace(model.loss, model.params, model.batch)
+        graph = checkmate_graph(trace.program)
+        baseline = run_baseline(trace.program)
+        for ratio in (0.9, 0.7, 0.6, 0.5, 0.4):
+            budget = int(ratio * baseline.peak_bytes)
+            runs = {}
+            for heuristic in sorted(jdtr.HEURISTICS):
+                recorder, replays = _StageRecorder(_useful_until(graph)), Replays()
+                run = run_budget(trace, baseline, budget, heuristic, observers=[recorder, replays])
+                if not run.ok or replays.twice:
+                    continue
+                decisions = recorder.decisions(graph)
+                schedules = [_realize(graph, budget, decisions, hold).stages for hold in (False, True)]
+                assert any(schedules), (len(graph), ratio, heuristic)
+                stages = min((s for s in schedules if s is not None), key=lambda s: _cost_of(graph, s)[0])
+                assert_stage_schedule(graph, budget, stages)
+                cost, total = _cost_of(graph, stages)[0], run.baseline_cost + run.remat_cost
+                assert cost <= total + 1e-6, (ratio, heuristic)
+                compared += 1
+                same += math.isclose(cost, total)
+                runs[heuristic] = total
+            seeds = [runs[h] for h in SEED_HEURISTICS if h in runs]
+            if seeds:
+                rushed = jdtr.optimal(trace, ratio, time_limit=0.0)
+                assert rushed.total_cost <= min(seeds) + 1e-6, ratio
+    assert compared >= 50 and same >= 0.9 * compared, (compared, same)  # measured: 61 of 63 the same
 
 
 def test_time_limit_reports_a_timeout_with_a_bound(mlp_trace):
