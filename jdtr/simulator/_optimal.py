@@ -44,9 +44,10 @@ paper's logs (several hundred nodes). So `optimal` first solves a
 relaxation with one binary per read of a value (`interval_bound`; seconds
 even for those logs) and runs its decisions as a stage schedule: where the
 schedule costs no more than the relaxation's bound, that proves it optimal
-and the MILP is skipped. Above `MILP_MAX_BINARIES` it refines that
-relaxation where the schedule shows it wrong (Checkmate's own variables
-for those nodes only) and tries again, reporting the best schedule and the
+and the MILP is skipped. Else it refines that relaxation where the
+schedule shows it wrong (Checkmate's own variables for those nodes only)
+and tries again; then, on graphs of at most `MILP_MAX_BINARIES` binaries,
+it solves the MILP in the time left. It reports the best schedule and the
 best bound when the time limit comes first.
 
 DTR's own runs at the budget are stage schedules too (`_StageRecorder`),
@@ -793,10 +794,9 @@ def _heuristic_schedule(
         decisions = recorder.decisions(graph)
         if decisions is None:
             return None
-        for hold in (False, True):
-            stages = _realize(graph, budget_bytes, decisions, hold).stages
-            if stages is not None and (best is None or _cost_of(graph, stages)[0] < best[0]):
-                best = (*_cost_of(graph, stages), heuristic)
+        schedule = _cheapest_schedule(graph, budget_bytes, decisions)
+        if schedule is not None and (best is None or schedule[0] < best[0]):
+            best = (*schedule, heuristic)
     return best
 
 
@@ -991,9 +991,9 @@ def optimal(
     docstring) on the trace's linear graph with HiGHS, unless a relaxation's
     schedule already meets the relaxation's lower bound (then `variables` is
     0 and `message` says so). The relaxation (`interval_bound`) is solved
-    first; where its schedule falls short and the MILP is too large, the
-    nodes it misses are refined round by round instead, each round's bound
-    a bound and its schedule a schedule.
+    first; where its schedule falls short, the nodes it misses are refined
+    round by round, each round's bound a bound and its schedule a schedule,
+    and then, if the MILP is small enough, it is solved in the time left.
     With its memory rows added only where needed (`_checkmate`), HiGHS
     proves optima within a minute for traces of up to about two hundred
     operators down to budgets of 0.7 to 0.5 of their peak, depending on
@@ -1040,10 +1040,10 @@ def optimal(
         `INTERVAL_TIME_LIMIT` (10 s) each more, usually milliseconds.
       rel_gap: HiGHS stops once the best schedule is within this fraction of
         the lower bound; 0 proves optimality exactly.
-      method: "auto" (relaxation, then the MILP if it has at most
-        `MILP_MAX_BINARIES` binaries, else refinement of the relaxation),
-        "milp" (relaxation, then the MILP), or "relaxation" (relaxation
-        and refinement, no MILP). Every method stops at the first
+      method: "auto" (relaxation, refinement for up to 80% of
+        `time_limit`, then the MILP if it has at most `MILP_MAX_BINARIES`
+        binaries, else refinement for all of it), "milp" (relaxation, then
+        the MILP), or "relaxation" (relaxation and refinement, no MILP). Every method stops at the first
         relaxation when its schedule meets its bound. The MILP's memory
         rows are added stage by stage where its solutions overflow (see
         `_checkmate`); its answer is Checkmate's.
