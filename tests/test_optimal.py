@@ -532,3 +532,34 @@ def test_command_line(capsys, tmp_path):
     with pytest.raises(SystemExit):
         main(["optimal", str(path), "--ratio", "0.5", "--method", "cplex"])
     assert "invalid choice: 'cplex'" in capsys.readouterr().err
+
+
+def test_optimal_open_script_reports_the_optimum_and_each_heuristics_distance(tmp_path):
+    """benchmarks/optimal_open.py writes, per budget, what `jdtr.optimal` and
+    the heuristics give when called directly, and each heuristic's compute
+    above the optimum; a budget it cannot read is refused, not skipped."""
+    import os
+    import re
+    import subprocess
+
+    script = os.path.join(os.path.dirname(__file__), os.pardir, "benchmarks", "optimal_open.py")
+    env = dict(os.environ, JAX_PLATFORMS="cpu")
+    out = tmp_path / "open.md"
+    args = [sys.executable, script, "--jobs", "1", "--time-limit", "60", "--output", str(out)]
+    done = subprocess.run([*args, "--budgets", "mlp_chain(4, 32, 256)@0.6"], capture_output=True, text=True, env=env, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+
+    model = models.mlp_chain(4, 32, 256)
+    trace = jdtr.trace(model.loss, model.params, model.batch)
+    optimum = jdtr.optimal(trace, 0.6, time_limit=60)
+    assert optimum.status == "optimal"
+    (row,) = [line for line in out.read_text().splitlines() if line.startswith("| `mlp_chain(4, 32, 256)`")]
+    assert f"**{optimum.overhead:.4f}**" in row
+    distances = dict(re.findall(r"(\w+) (\d+\.\d)%", row))
+    for heuristic in ("dtr_eq", "lookahead", "msps"):
+        simulated = jdtr.simulate(trace, 0.6, heuristic=heuristic)
+        assert simulated.status == "ok"
+        assert float(distances[heuristic]) == pytest.approx(100 * (simulated.overhead / optimum.overhead - 1), abs=0.051)
+
+    refused = subprocess.run([*args, "--budgets", "mlp_chain(3)@0.5"], capture_output=True, text=True, env=env, timeout=300)
+    assert refused.returncode == 2 and "expected MODEL@RATIO" in refused.stderr
