@@ -748,8 +748,7 @@ class _StageRecorder(Observer):
         """The stages of one operator's outputs have run: record them."""
         if not stages:
             return  # an operator without outputs is no stage: its rematerializations join the next
-        recomputed = {i for op in self.pending for i in self.nodes[op]}
-        self.pending = []
+        recomputed = self._take_pending()
         if recomputed:
             self.recomputed.setdefault(stages[0], set()).update(recomputed)
         for i in recomputed:  # resident when the last stage ended, evicted since: not kept after all
@@ -761,12 +760,18 @@ class _StageRecorder(Observer):
                 if i <= t and self.useful_until[i] > t:
                     self.kept.setdefault(i, set()).add(t + 1)
 
+    def _take_pending(self) -> set[int]:
+        """The nodes of the operators rematerialized since the last stage ended, now handed to a stage."""
+        nodes = {i for op in self.pending for i in self.nodes[op]}
+        self.pending = []
+        return nodes
+
     def decisions(self, graph: CheckmateGraph) -> Optional[_Intervals]:
         """The run's decisions; None if its operators are not the graph's nodes."""
         if len(self.tensors) != len(graph):
             return None
-        if self.pending:  # outputs brought back after the last operator: in the last stage
-            recomputed = {i for op in self.pending for i in self.nodes[op]}
+        recomputed = self._take_pending()
+        if recomputed:  # outputs brought back after the last operator: in the last stage
             self.recomputed.setdefault(len(graph) - 1, set()).update(recomputed)
         return _Intervals(0.0, {}, frozenset(range(len(graph))), self.kept, self.recomputed)
 
