@@ -37,10 +37,9 @@ from dataclasses import dataclass
 from typing import Optional
 
 from jdtr.runtime import Counters, Heuristic, NullBackend, OutOfBudgetError, Runtime, Sampled, ThrashError
+from jdtr.offline import run_baseline
+from jdtr.oplog import Annotate, Call, Constant, Release, Trace, replay
 from jdtr.runtime.heuristics import DTREqClass
-from jdtr.simulator._replay import replay
-from jdtr.simulator._simulate import run_baseline
-from jdtr.trace import Annotate, Call, Constant, Release, Trace
 
 
 def chain_trace(n: int) -> Trace:
@@ -150,7 +149,7 @@ def run(
                  "sampled": lambda: Sampled("dtr_eq", seed=0)}[method]()  # fmt: skip
     heuristic = timed(heuristic, shadow_every)
     counters = Counters()
-    runtime = Runtime(NullBackend(), budget_bytes, heuristic=heuristic, observers=[counters], remat_limit=baseline.cost)
+    runtime = Runtime(NullBackend(), budget_bytes, heuristic=get_heuristic(heuristic), observers=[counters], remat_limit=baseline.cost)
     status = "ok"
     start = time.process_time()
     try:
@@ -164,7 +163,7 @@ def run(
     tensors = len(program.value_names)
     return Row(
         name, tensors, budget_label, method, heuristic.decisions, statistics.fmean(heuristic.pool_sizes or [0]),
-        max(heuristic.pool_sizes or [0]), heuristic.evaluations / decisions, 1e6 * heuristic.decide_s / decisions,
+        max(heuristic.pool_sizes or [0]), counters.heuristic_evaluations / decisions, 1e6 * heuristic.decide_s / decisions,
         heuristic.decide_s / replay_s if replay_s else 0.0, replay_s,
         runtime.clock / baseline.cost if status == "ok" else None, status,
     ), heuristic.scan_s  # fmt: skip

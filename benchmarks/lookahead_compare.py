@@ -25,7 +25,7 @@ from typing import Optional, Sequence
 
 from jdtr import models
 from jdtr.simulator import SimResult, sweep
-from jdtr.trace import Trace
+from jdtr.oplog import Trace
 
 RATIOS = tuple(round(1.0 - 0.05 * i, 2) for i in range(19))
 HEURISTICS = ("dtr_eq", "lookahead")
@@ -35,7 +35,7 @@ LOGS = Path(__file__).resolve().parents[2] / "shared" / "dtr-logs"
 def model_logs() -> dict[str, Trace]:
     """Logs of `jdtr.models`, small enough to record in seconds on a CPU."""
     try:
-        from jdtr.transform.grad import trace as record
+        from jdtr import trace as record
     except ImportError:  # before `jdtr.trace` existed
         record = None
     chosen = [

@@ -31,9 +31,9 @@ import scipy
 
 import jdtr
 from jdtr import models
-from jdtr.simulator import PAPER_RATIOS, OptimalResult, SimResult, checkmate_graph, plot_sweep, sweep
-from jdtr.simulator._sweep import cell
-from jdtr.trace import Call
+from jdtr.plot import sweep as plot_sweep
+from jdtr.simulator import PAPER_RATIOS, OptimalResult, SimResult, cell, checkmate_graph, sweep
+from jdtr.oplog import Call
 
 ROOT = Path(__file__).resolve().parents[1]
 # Figure 2's heuristics that the task compares, the paper's default first.

@@ -20,8 +20,9 @@ from .simulator import SimResult as SimResult
 from .simulator import optimal as optimal
 from .simulator import simulate as simulate
 from .stats import Stats as Stats
-from .trace import LogFormatError as LogFormatError
-from .trace import Trace as Trace
+from .oplog import LogFormatError as LogFormatError
+from .oplog import Trace as Trace
+from .oplog import TraceRecorder as TraceRecorder
 from .transform import OpInfo as OpInfo
 from .transform import Plan as Plan
 from .transform import RooflineCostModel as RooflineCostModel
@@ -31,9 +32,9 @@ from .transform import plan as plan
 from .transform import remat_grad as remat_grad
 from .transform import remat_value_and_grad as remat_value_and_grad
 from .transform import value_and_grad as value_and_grad
-from .transform.grad import trace as trace
+from .transform import trace as trace
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"
 
 __all__ = [
     "Budget",
@@ -50,6 +51,7 @@ __all__ = [
     "SimResult",
     "Stats",
     "Trace",
+    "TraceRecorder",
     "grad",
     "optimal",
     "parse_budget",

@@ -15,8 +15,9 @@ from pathlib import Path
 from typing import Optional, Sequence, TextIO
 
 from .runtime import DEALLOC_POLICIES, HEURISTICS
-from .simulator import METHODS, PAPER_RATIOS, OptimalResult, SimResult, format_table, optimal, plot_sweep, simulate, sweep
-from .trace import LogFormatError, Trace
+from . import plot
+from .oplog import LogFormatError, Trace
+from .simulator import METHODS, PAPER_RATIOS, OptimalResult, SimResult, cell, format_table, optimal, simulate, sweep
 
 # The heuristics of the paper's Figure 2, in its order.
 FIGURE2_HEURISTICS = ("dtr_full", "dtr_eq", "dtr_local", "lru", "size", "msps", "random")
@@ -118,8 +119,6 @@ class _Progress:
         self.live = stream.isatty()
 
     def __call__(self, done: int, total: int, result: SimResult) -> None:
-        from .simulator._sweep import cell
-
         text = f"[{done}/{total}] {result.heuristic} at {result.budget_ratio:.3g}: {cell(result)}"
         if self.live:
             self.stream.write("\r\033[K" + text + ("\n" if done == total else ""))
@@ -190,7 +189,7 @@ def _sweep(args: argparse.Namespace) -> int:
         )
         print(format_table(args.ratios, results))
     if args.plot:
-        plot_sweep(args.ratios, results, args.plot, title=Path(args.log).name)
+        plot.sweep(args.ratios, results, args.plot, title=Path(args.log).name)
         if not args.json:
             print(f"plot written to {args.plot}")
     return 0

@@ -20,8 +20,8 @@ from typing import Any, Callable, Sequence, Union
 from flax import nnx
 
 from .budget import BudgetLike
-from .transform.grad import _argnums_tuple
-from .transform.grad import value_and_grad as _value_and_grad
+from .transform import value_and_grad as _value_and_grad
+from .transform.arguments import argnums_tuple
 
 
 def _is_module(x: Any) -> bool:
@@ -29,7 +29,7 @@ def _is_module(x: Any) -> bool:
 
 
 def _make(f, argnums, has_aux, wrt, return_value, options):
-    argnum_tuple = _argnums_tuple(argnums)
+    argnum_tuple = argnums_tuple(argnums)
 
     @functools.wraps(f)
     def wrapper(*args, **kwargs):

@@ -28,10 +28,9 @@ from jdtr.runtime import (
     ThrashError,
     get_heuristic,
 )
+from jdtr.offline import run_baseline
+from jdtr.oplog import Annotate, Call, Constant, Copy, Mutate, Release, Trace, replay
 from jdtr.runtime.index import RatioIndex
-from jdtr.simulator._replay import replay
-from jdtr.simulator._simulate import run_baseline
-from jdtr.trace import Annotate, Call, Constant, Copy, Mutate, Release, Trace
 
 LOGS = Path(__file__).resolve().parents[2] / "shared" / "dtr-logs"
 INDEXED = sorted(name for name, cls in HEURISTICS.items() if name != "random")
@@ -205,7 +204,7 @@ def test_a_touched_storage_is_filed_again():
 
 
 def test_schedule_next_use_and_passed_reads():
-    rt = Runtime(NullBackend(), 100, heuristic="lookahead")
+    rt = Runtime(NullBackend(), 100, heuristic=get_heuristic("lookahead"))
     schedule = rt.schedule
     assert isinstance(schedule, Schedule) and schedule.position == 0
     x = rt.constant(1)
@@ -228,7 +227,7 @@ def test_schedule_next_use_and_passed_reads():
 def drive_with_future(heuristic: str, budget: int) -> list[str]:
     """a, b, c (same size and cost) are made, then read in the order a, b, c;
     d is never read again; then e is made. Returns what was evicted."""
-    rt = Runtime(NullBackend(), budget, heuristic=heuristic)
+    rt = Runtime(NullBackend(), budget, heuristic=get_heuristic(heuristic))
     schedule = rt.schedule or Schedule()
     evicted: list[Storage] = []
 
@@ -260,7 +259,7 @@ def test_lookahead_without_a_schedule_is_dtr_eq():
     runs = []
     for heuristic in ("lookahead", "dtr_eq"):
         counters, observer = Counters(), Decisions()
-        rt = Runtime(NullBackend(), 12, heuristic=heuristic, observers=[counters, observer])
+        rt = Runtime(NullBackend(), 12, heuristic=get_heuristic(heuristic), observers=[counters, observer])
         xs = [rt.constant(1)]
         for _ in range(40):
             xs.append(rt.call("f", [xs[-1]], [1], cost=1.0)[0])

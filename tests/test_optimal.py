@@ -27,20 +27,14 @@ import jdtr
 from jdtr import models
 from jdtr.cli import main
 from jdtr.runtime import Observer
+from jdtr.offline import log_workload, run
+from jdtr.offline.optimal import SEED_HEURISTICS
+from jdtr.offline.optimal.graph import useful_until
+from jdtr.offline.optimal.milp import build_model, checkmate
+from jdtr.offline.optimal.relaxation import solve_intervals
+from jdtr.offline.optimal.stages import StageRecorder, cost_of, realize, schedule_from_intervals
+from jdtr.oplog import Call, Constant, Mutate, Release, Trace
 from jdtr.simulator import MILP_MAX_BINARIES, CheckmateGraph, checkmate_graph, interval_bound
-from jdtr.simulator._optimal import (
-    SEED_HEURISTICS,
-    _build,
-    _checkmate,
-    _cost_of,
-    _realize,
-    _schedule_from_intervals,
-    _solve_intervals,
-    _StageRecorder,
-    _useful_until,
-)
-from jdtr.simulator._simulate import run_baseline, run_budget
-from jdtr.trace import Call, Constant, Mutate, Release, Trace
 
 pytest.importorskip("scipy")
 
@@ -227,8 +221,8 @@ def test_memory_rows_added_as_needed_give_checkmates_optimum():
     for seed in range(20):
         graph = checkmate_graph(graph_trace(*random_graph(seed, 8, fan_in=3, sizes=(10, 20, 60, 100))).program)
         for budget in range(graph.required_bytes(), graph.unconstrained_peak_bytes() + 11, 10):
-            lazy = _checkmate(graph, budget, None, 0.0)
-            full = _checkmate(graph, budget, None, 0.0, lazy=False)
+            lazy = checkmate(graph, budget, None, 0.0)
+            full = checkmate(graph, budget, None, 0.0, lazy=False)
             assert full.stages_checked == len(graph) and lazy.stages_checked <= len(graph)
             assert lazy.status == full.status and lazy.status in ("optimal", "infeasible"), (seed, budget)
             if lazy.status == "optimal":
@@ -276,7 +270,7 @@ def test_the_relaxations_schedule_is_a_valid_stage_schedule_never_below_the_opti
         search = path_search if index < 4 else stage_search
         for budget in range(graph.required_bytes(), graph.unconstrained_peak_bytes() + 11, 10):
             for priced in (False, True):
-                decisions = _solve_intervals(graph, budget, rel_gap=0.0, price_inputs=priced)
+                decisions = solve_intervals(graph, budget, rel_gap=0.0, price_inputs=priced)
                 for hold in (False, True):
                     found, tight = check_stage_schedule(graph, budget, decisions, hold, search, found, tight)
     assert found >= 100 and tight >= 0.8 * found, (found, tight)  # measured: 108 optimal of 124
@@ -297,10 +291,10 @@ def test_refined_relaxations_bound_the_optimum_and_their_schedules_are_valid():
         everything = frozenset(range(len(graph)))
         for budget in range(graph.required_bytes(), graph.unconstrained_peak_bytes() + 11, 10):
             optimum = search(graph, budget)
-            plain = _solve_intervals(graph, budget, rel_gap=0.0).bound
+            plain = solve_intervals(graph, budget, rel_gap=0.0).bound
             half = frozenset(rng.sample(range(len(graph)), len(graph) // 2))
             for refined in (half, everything):
-                decisions = _solve_intervals(graph, budget, rel_gap=0.0, refined=refined)
+                decisions = solve_intervals(graph, budget, rel_gap=0.0, refined=refined)
                 assert plain - 1e-9 <= decisions.bound <= optimum + 1e-9, (index, budget, sorted(refined))
                 for hold in (False, True):
                     found, tight = check_stage_schedule(graph, budget, decisions, hold, search, found, tight)
@@ -336,10 +330,10 @@ def assert_stage_schedule(graph, budget, stages):
 
 
 def check_stage_schedule(graph, budget, decisions, hold, search, found, tight):
-    stages = _schedule_from_intervals(graph, budget, decisions, hold)
+    stages = schedule_from_intervals(graph, budget, decisions, hold)
     if stages is not None:
         assert_stage_schedule(graph, budget, stages)
-        cost = _cost_of(graph, stages)[0]
+        cost = cost_of(graph, stages)[0]
         optimum = search(graph, budget)
         assert cost >= optimum - 1e-9, budget
         found += 1
@@ -401,7 +395,7 @@ def test_optimum_bounds_every_heuristic_on_a_jax_trace(mlp_trace):
     for ratio in (0.9, 0.8, 0.7):
         best = jdtr.optimal(mlp_trace, ratio, rel_gap=0.0)
         if ratio == 0.7:  # the first relaxation's bound is below the optimum here: refinement proves it
-            assert _solve_intervals(graph, best.budget_bytes).bound < best.total_cost
+            assert solve_intervals(graph, best.budget_bytes).bound < best.total_cost
             assert best.variables == 0 and "refined relaxation" in best.message
             milp = jdtr.optimal(mlp_trace, ratio, rel_gap=0.0, method="milp")  # and so does the MILP
             assert milp.variables > 0 and "HiGHS" in milp.message and milp.message.startswith("Checkmate's MILP")
@@ -443,7 +437,7 @@ def test_the_milp_proves_what_refinement_leaves_open_on_an_rnn_trace():
     assert succeeded >= 2
     none = jdtr.optimal(trace, 0.5)
     assert none.status == "infeasible" and none.message.startswith("Checkmate's MILP")
-    full, _, _ = _build(graph, none.budget_bytes)  # every stage's memory rows: HiGHS's presolve decides it at once
+    full, _, _ = build_model(graph, none.budget_bytes)  # every stage's memory rows: HiGHS's presolve decides it at once
     assert full.solve(60.0, 0.0).status == 2  # infeasible
     assert not any(jdtr.simulate(trace, 0.5, h).ok for h in jdtr.HEURISTICS)
 
@@ -474,21 +468,21 @@ def test_dtr_runs_are_stage_schedules_costing_what_they_did():
         model = make()
         trace = jdtr.trace(model.loss, model.params, model.batch)
         graph = checkmate_graph(trace.program)
-        baseline = run_baseline(trace.program)
+        workload = log_workload(trace)
         for ratio in (0.9, 0.7, 0.6, 0.5, 0.4):
-            budget = int(ratio * baseline.peak_bytes)
+            budget = int(ratio * workload.baseline.peak_bytes)
             runs = {}
             for heuristic in sorted(jdtr.HEURISTICS):
-                recorder, replays = _StageRecorder(_useful_until(graph)), Replays()
-                run = run_budget(trace, baseline, budget, heuristic, observers=[recorder, replays])
-                if not run.ok or replays.twice:
+                recorder, replays = StageRecorder(useful_until(graph)), Replays()
+                result = run(workload, budget, heuristic, observers=[recorder, replays])
+                if not result.ok or replays.twice:
                     continue
                 decisions = recorder.decisions(graph)
-                schedules = [_realize(graph, budget, decisions, hold).stages for hold in (False, True)]
+                schedules = [realize(graph, budget, decisions, hold).stages for hold in (False, True)]
                 assert any(schedules), (len(graph), ratio, heuristic)
-                stages = min((s for s in schedules if s is not None), key=lambda s: _cost_of(graph, s)[0])
+                stages = min((s for s in schedules if s is not None), key=lambda s: cost_of(graph, s)[0])
                 assert_stage_schedule(graph, budget, stages)
-                cost, total = _cost_of(graph, stages)[0], run.baseline_cost + run.remat_cost
+                cost, total = cost_of(graph, stages)[0], result.baseline_cost + result.remat_cost
                 assert cost <= total + 1e-6, (ratio, heuristic)
                 compared += 1
                 same += math.isclose(cost, total)

@@ -182,7 +182,7 @@ def test_autotune_runs_no_copy_of_the_arguments_beside_the_budget(monkeypatch):
     the budget plus a second copy of the arguments (8% over the budget). It
     now times the caller's own arrays; under `jax.jit`, where they are
     abstract, only candidates that fit beside the copy are timed."""
-    from jdtr.transform import checkpoint_plan as cpn
+    from jdtr.transform import planning as cpn
 
     loss = tanh_chain(16)
     w = jax.random.normal(jax.random.PRNGKey(0), (64, 64)) / 8
@@ -220,7 +220,7 @@ def test_uniform_candidate_is_sqrt_n_checkpointing():
     """Autotuning also times evenly spaced segments that save nothing inside:
     on a chain of 16 layers that is about sqrt(16) segments, as small in
     XLA's memory as a jax.checkpoint every 4 layers, with exact gradients."""
-    from jdtr.transform import checkpoint_plan as cpn
+    from jdtr.transform import planning as cpn
 
     loss = tanh_chain(16)
     w = jax.random.normal(jax.random.PRNGKey(0), (64, 64)) / 8
@@ -242,14 +242,14 @@ def test_uniform_candidate_is_sqrt_n_checkpointing():
     builtin = analysis.argument_size_in_bytes + analysis.output_size_in_bytes + analysis.temp_size_in_bytes
 
     base = jdtr.plan(loss, w, x, budget=0.7, autotune=False)
-    (entries,) = [e for f, e in cpn._planning_cache.items() if f is loss]
+    (entries,) = [e for f, e in cpn.planning_cache.items() if f is loss]
     (planning,) = entries.values()
-    uniform = cpn._uniform_plan(planning, base)
+    uniform = cpn.uniform_plan(planning, base)
     assert 3 <= len(uniform.segments) <= 6, uniform.report()
     assert all(seg.saved == () for seg in uniform.segments)
     assert "uniform segments saving nothing inside" in uniform.report()
     assert_trees_close(jax.jit(uniform.grad)(w, x), jax.grad(loss)(w, x), rtol=1e-4, atol=1e-5)
-    compiled = cpn._compiled_bytes(cpn._step_of(uniform, base._config), [w, x])
+    compiled = cpn.compiled_bytes(cpn.step_of(uniform, base._config), [w, x])
     assert compiled <= builtin * (1 + SLACK), (compiled, builtin)
     assert compiled < base.compiled_bytes  # it saves less than DTR's plan at this budget
 
@@ -379,7 +379,7 @@ def test_planning_reuses_work_across_budgets_and_does_not_keep_the_function_aliv
     import gc
     import weakref
 
-    from jdtr.transform import checkpoint_plan as cpn
+    from jdtr.transform import planning as cpn
 
     w = jax.random.normal(jax.random.PRNGKey(0), (64, 64)) / 8
     x = jax.random.normal(jax.random.PRNGKey(1), (512, 64))
@@ -387,14 +387,14 @@ def test_planning_reuses_work_across_budgets_and_does_not_keep_the_function_aliv
     first = jdtr.plan(loss, w, x, budget=0.7, autotune=False)
     second = jdtr.plan(loss, w, x, budget=0.5, autotune=False)
     assert second.program is first.program  # traced once
-    (entries,) = [e for f, e in cpn._planning_cache.items() if f is loss]
+    (entries,) = [e for f, e in cpn.planning_cache.items() if f is loss]
     (planning,) = entries.values()
-    assert {cpn._layout(first), cpn._layout(second)} <= set(planning.executables)
+    assert {cpn.layout(first), cpn.layout(second)} <= set(planning.executables)
     again = jdtr.plan(loss, w, x, budget=0.7, autotune=False)
-    assert cpn._layout(again) == cpn._layout(first) and again.compiled_bytes == first.compiled_bytes
+    assert cpn.layout(again) == cpn.layout(first) and again.compiled_bytes == first.compiled_bytes
     assert_trees_close(jax.jit(second.grad)(w, x), jax.grad(loss)(w, x), rtol=1e-4, atol=1e-5)
     alive = weakref.ref(loss)
     del loss, first, second, again, entries, planning
     gc.collect()
     assert alive() is None
-    assert all(f is not None for f in cpn._planning_cache.keys())
+    assert all(f is not None for f in cpn.planning_cache.keys())

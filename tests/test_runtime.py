@@ -55,7 +55,7 @@ def run_chain(n, budget, heuristic="dtr_eq", dealloc="eager"):
     network with a backward pass that reads every forward value in reverse."""
     watch = BudgetWatch(budget)
     counters = Counters()
-    rt = Runtime(ValueBackend(), budget, heuristic=heuristic, dealloc=dealloc, observers=[watch, counters])
+    rt = Runtime(ValueBackend(), budget, heuristic=get_heuristic(heuristic), dealloc=dealloc, observers=[watch, counters])
     x = rt.constant(1, buffer=0)
     xs = [x]
     for _ in range(n):
@@ -326,7 +326,7 @@ def _blocked_run(budget, with_overhead, respond=True, n=12, size=150, block=256)
                 device["held"] -= block
 
     counters = Counters()
-    runtime = Runtime(Blocks(), budget, heuristic="dtr_eq", observers=[counters],
+    runtime = Runtime(Blocks(), budget, heuristic=get_heuristic("dtr_eq"), observers=[counters],
                       device_bytes=(lambda: device["held"]) if with_overhead else None)
     xs = [runtime.call("input", [], [size], cost=1.0)[0]]
     for _ in range(n):
@@ -362,7 +362,7 @@ def test_device_use_that_eviction_does_not_lower_stops_evicting():
     counters = Counters()
     device = {"stuck": None}  # from some point the device's use stays put, whatever is freed
 
-    runtime = Runtime(NullBackend(), 1000, heuristic="dtr_eq", observers=[counters],
+    runtime = Runtime(NullBackend(), 1000, heuristic=get_heuristic("dtr_eq"), observers=[counters],
                       device_bytes=lambda: device["stuck"] or 0)  # 0: as counted (the count is the larger)
     xs = [runtime.call("input", [], [100], cost=1.0)[0]]
     for _ in range(6):
@@ -391,7 +391,7 @@ def test_workspace_is_reserved_only_while_its_operator_runs():
             pass
 
     counters = Counters()
-    runtime = Runtime(Watch(), 1000, heuristic="dtr_eq", observers=[counters])
+    runtime = Runtime(Watch(), 1000, heuristic=get_heuristic("dtr_eq"), observers=[counters])
     x = runtime.call("x", [], [100], cost=1.0)[0]
     y = runtime.call("y", [x], [200], cost=1.0, workspace=500)[0]
     assert seen[-1] == ("y", 100 + 200 + 500) and runtime.memory == 300

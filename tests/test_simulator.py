@@ -21,7 +21,7 @@ from jdtr.cli import main
 from jdtr.runtime import NullBackend, Runtime
 from jdtr.budget import parse_budget
 from jdtr.simulator import checkmate_graph, format_table, interval_bound, run_baseline, sweep
-from jdtr.trace import (
+from jdtr.oplog import (
     Annotate,
     Call,
     ComputeStep,

@@ -23,7 +23,7 @@ import math
 
 import pytest
 
-from jdtr.runtime import HEURISTICS, Counters, NullBackend, Runtime
+from jdtr.runtime import HEURISTICS, Counters, NullBackend, Runtime, get_heuristic
 
 C = 4.0  # asserted bound on operations / N
 PINNED = 1  # the input t_0
@@ -40,7 +40,7 @@ def linear_network(n: int, budget: int, heuristic, dealloc: str = "eager"):
             if by_heuristic:
                 decisions.append(storage.id)
 
-    rt = Runtime(NullBackend(), budget, heuristic=heuristic, dealloc=dealloc, observers=[counters, Decisions()])
+    rt = Runtime(NullBackend(), budget, heuristic=get_heuristic(heuristic), dealloc=dealloc, observers=[counters, Decisions()])
     t = [rt.constant(1, name="t0")]
     for _ in range(n):
         t.append(rt.call("f", [t[-1]], [1], cost=1.0)[0])

@@ -18,7 +18,7 @@ from jax import lax
 
 import jdtr
 from jdtr import models
-from jdtr.trace import Annotate, Call, Constant, Copy, CopyFrom, Release, Trace
+from jdtr.oplog import Annotate, Call, Constant, Copy, CopyFrom, Release, Trace
 from jdtr.transform import normalize
 
 # Small, with activations (not weights) dominating the peak, so that budgets bite.

@@ -10,6 +10,7 @@ from .heuristics import HEURISTICS as HEURISTICS
 from .heuristics import Heuristic as Heuristic
 from .heuristics import IndexedHeuristic as IndexedHeuristic
 from .heuristics import RatioHeuristic as RatioHeuristic
+from .heuristics import RunView as RunView
 from .heuristics import Sampled as Sampled
 from .heuristics import evicted_neighborhood as evicted_neighborhood
 from .heuristics import get_heuristic as get_heuristic
@@ -23,6 +24,7 @@ from .runtime import NullBackend as NullBackend
 from .runtime import Runtime as Runtime
 from .runtime import ThrashError as ThrashError
 from .schedule import Schedule as Schedule
+from .schedule import future_uses as future_uses
 
 __all__ = [
     "Backend",
@@ -37,6 +39,7 @@ __all__ = [
     "Operator",
     "OutOfBudgetError",
     "RatioHeuristic",
+    "RunView",
     "Runtime",
     "Sampled",
     "Schedule",
@@ -47,5 +50,6 @@ __all__ = [
     "TimelineEvent",
     "evicted_neighborhood",
     "format_bytes",
+    "future_uses",
     "get_heuristic",
 ]

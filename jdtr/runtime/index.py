@@ -162,6 +162,18 @@ class _Index:
         raise NotImplementedError
 
 
+    def _live_top(self, heap: list, live: dict) -> Optional[tuple]:
+        """The first live entry of `heap`, its stale entries (members since
+        refiled or removed) dropped on the way; None when none is left."""
+        while heap:
+            entry = heap[0]
+            if live.get(entry[3]) == entry[2]:
+                return entry
+            heapq.heappop(heap)
+            self._entries -= 1
+        return None
+
+
 class RatioIndex(_Index):
     """The pool for scores a / (T - b); keys are (a, b).
 
@@ -252,19 +264,12 @@ class RatioIndex(_Index):
             if bound > limit:
                 break
             low, heap = self._buckets[bucket]
-            while heap and live.get(heap[0][3]) != heap[0][2]:
-                heapq.heappop(heap)
-                self._entries -= 1
-            if not heap:
+            if self._live_top(heap, live) is None:
                 emptied.append(bucket)
                 continue
             popped = []
-            while heap:
-                b, _, version, storage = heap[0]
-                if live.get(storage) != version:
-                    heapq.heappop(heap)
-                    self._entries -= 1
-                    continue
+            while (top := self._live_top(heap, live)) is not None:
+                b, _, version, storage = top
                 gap = now - b
                 if gap <= 0 or low / gap > limit:
                     break  # and so does the rest of the bucket, whose b is larger
@@ -323,12 +328,8 @@ class OrderIndex(_Index):
         live, heap, bound = self._version, self._heap, self.bound
         best = min((v for v in scores.values() if v == v), default=math.inf)
         popped = []
-        while heap:
-            key, _, version, storage = heap[0]
-            if live.get(storage) != version:
-                heapq.heappop(heap)
-                self._entries -= 1
-                continue
+        while (top := self._live_top(heap, live)) is not None:
+            key, _, version, storage = top
             if bound(key, now) > _limit(best):
                 break
             popped.append(heapq.heappop(heap))

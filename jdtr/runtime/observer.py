@@ -36,10 +36,16 @@ class Observer:
     def on_pin(self, storage: "Storage") -> None:
         """`storage` can no longer be evicted."""
 
+    def on_score(self, count: int) -> None:
+        """The heuristic computed `count` scores (App. D.3's heuristic evaluations)."""
+
+    def on_metadata(self, count: int) -> None:
+        """The heuristic read the metadata of `count` storages (App. D.3's metadata accesses)."""
+
 
 @dataclass
 class Counters(Observer):
-    """The totals of a run: peak memory, evictions, rematerializations, costs."""
+    """The totals of a run: peak memory, evictions, rematerializations, costs, the heuristic's work."""
 
     peak_bytes: int = 0
     evictions: int = 0  # chosen by the heuristic
@@ -49,6 +55,8 @@ class Counters(Observer):
     base_cost: float = 0.0
     remat_cost: float = 0.0
     pinned_bytes: int = 0
+    heuristic_evaluations: int = 0  # App. D.3
+    metadata_accesses: int = 0  # App. D.3
     _pinned_ids: set = field(default_factory=set, repr=False)
 
     def on_allocate(self, nbytes, memory, op):
@@ -75,6 +83,21 @@ class Counters(Observer):
         if storage.id not in self._pinned_ids:
             self._pinned_ids.add(storage.id)
             self.pinned_bytes += storage.size
+
+    def on_score(self, count):
+        self.heuristic_evaluations += count
+
+    def on_metadata(self, count):
+        self.metadata_accesses += count
+
+    def totals(self) -> dict[str, int]:
+        """The counts every report of a run carries (`jdtr.SimResult`, `jdtr.Stats`), by their field names."""
+        return {
+            "peak_bytes": self.peak_bytes,
+            "evictions": self.evictions,
+            "dealloc_evictions": self.dealloc_evictions,
+            "rematerializations": self.rematerializations,
+        }
 
     @property
     def overhead(self) -> float:

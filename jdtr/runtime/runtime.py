@@ -17,7 +17,8 @@ from typing import Any, Callable, Optional, Protocol, Sequence
 
 from .errors import OutOfBudgetError
 from .graph import Operator, Storage, Tensor
-from .heuristics import Heuristic, get_heuristic
+from .heuristics.base import Heuristic
+from .heuristics.dtr import DTREqClass
 from .observer import Observer
 from .schedule import Schedule
 
@@ -55,7 +56,8 @@ class Runtime:
     Args:
       backend: runs operators and frees buffers.
       budget_bytes: the most memory resident at any time.
-      heuristic: a name from `jdtr.runtime.HEURISTICS` or a `Heuristic`.
+      heuristic: a `Heuristic` (names are resolved by the caller, with
+        `jdtr.runtime.get_heuristic`); None for the paper's h_DTR^eq.
       dealloc: what a dropped last reference does (App. C.5): "eager" evicts
         the storage, "banish" frees it for good once nothing evicted needs it,
         "ignore" does nothing.
@@ -75,7 +77,7 @@ class Runtime:
         self,
         backend: Backend,
         budget_bytes: float,
-        heuristic: "str | Heuristic" = "dtr_eq",
+        heuristic: Optional[Heuristic] = None,
         dealloc: str = "eager",
         observers: Sequence[Observer] = (),
         remat_limit: Optional[float] = None,
@@ -86,7 +88,13 @@ class Runtime:
             raise ValueError(f"unknown dealloc policy {dealloc!r}; expected one of {DEALLOC_POLICIES}")
         self.backend = backend
         self.budget_bytes = budget_bytes
-        self.heuristic = get_heuristic(heuristic)
+        if heuristic is None:
+            heuristic = DTREqClass()
+        elif not isinstance(heuristic, Heuristic):
+            raise TypeError(
+                f"Runtime takes a Heuristic instance, not {heuristic!r}; resolve a name with jdtr.runtime.get_heuristic"
+            )
+        self.heuristic = heuristic
         self.dealloc = dealloc
         self.observers = list(observers)
         self.remat_limit = remat_limit
@@ -102,7 +110,8 @@ class Runtime:
         if schedule is None and self.heuristic.uses_schedule:
             schedule = Schedule()
         self.schedule = schedule
-        self.heuristic.attach(self)
+        self.heuristic.reset()
+        self.heuristic.attach(self)  # the runtime is the heuristic's `RunView`
 
     # ----------------------------------------------------------------- creation
 
@@ -387,15 +396,20 @@ class Runtime:
 
     def _evict(self, storage: Storage, by_heuristic: bool) -> None:
         """Frees a storage's buffer; its tensors become undefined (App. C.4)."""
+        self._release_buffer(storage)
+        self.heuristic.on_evict(storage)
+        for observer in self.observers:
+            observer.on_evict(storage, by_heuristic, self.clock)
+
+    def _release_buffer(self, storage: Storage) -> None:
+        """The memory side of evicting or banishing: the buffer goes back,
+        the storage's tensors become undefined and it leaves the pool."""
         self.backend.free(storage.root.buffer)
         for tensor in storage.tensors:
             tensor.buffer, tensor.defined = None, False
         storage.resident = False
         self._pool_remove(storage)
         self._unreserve(storage.size)
-        self.heuristic.on_evict(storage)
-        for observer in self.observers:
-            observer.on_evict(storage, by_heuristic, self.clock)
 
     # ------------------------------------------------------------ bookkeeping
 
@@ -451,12 +465,7 @@ class Runtime:
         if storage.resident:
             if storage.pinned:
                 self.pinned_bytes -= storage.size
-            self.backend.free(storage.root.buffer)
-            for tensor in storage.tensors:
-                tensor.buffer, tensor.defined = None, False
-            storage.resident = False
-            self._pool_remove(storage)
-            self._unreserve(storage.size)
+            self._release_buffer(storage)
         storage.banished = True
         self.heuristic.on_banish(storage)
         for observer in self.observers:

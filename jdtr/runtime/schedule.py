@@ -23,9 +23,27 @@ from __future__ import annotations
 import heapq
 import itertools
 import math
-from typing import Iterator, Optional, Sequence
+from typing import Hashable, Iterable, Iterator, Optional, Sequence, TypeVar
 
 from .graph import Storage, Tensor
+
+Key = TypeVar("Key", bound=Hashable)
+
+
+def future_uses(operations: Iterable[tuple[Iterable[Key], float]], outputs: Iterable[Key]) -> dict[Key, list[float]]:
+    """What a driver announces: per value, the positions at which the program
+    reads it, ascending. `operations` are the program's operations in order,
+    each as (the values it reads, its cost); an operation's position is the
+    cost of those before it, and the `outputs` are read at the end."""
+    uses: dict[Key, list[float]] = {}
+    position = 0.0
+    for reads, cost in operations:
+        for value in dict.fromkeys(reads):
+            uses.setdefault(value, []).append(position)
+        position += cost
+    for value in outputs:
+        uses.setdefault(value, []).append(position)
+    return uses
 
 
 class Schedule:

@@ -6,9 +6,9 @@ import os
 from typing import Callable, Optional, Sequence, Union
 
 from ..budget import parse_budget
+from ..offline import SimResult, as_trace, log_workload, run
+from ..oplog import Trace
 from ..runtime import Heuristic
-from ..trace import Trace
-from ._simulate import SimResult, as_trace, run_baseline, run_budget
 
 # The budget ratios of the paper's Figure 2.
 PAPER_RATIOS = (1.0, 0.9, 0.8, 0.7, 0.6, 0.5, 0.4, 0.3, 0.2, 0.1)
@@ -40,14 +40,13 @@ def sweep(
     Returns:
       The results, heuristic by heuristic, each in the order of `ratios`.
     """
-    trace = as_trace(trace)
-    baseline = run_baseline(trace.program)
+    workload = log_workload(as_trace(trace))
     total = len(ratios) * len(heuristics)
     results = []
     for heuristic in heuristics:
         for ratio in ratios:
-            budget_bytes = parse_budget(float(ratio), "ratio").resolve(baseline.peak_bytes)
-            result = run_budget(trace, baseline, budget_bytes, heuristic, dealloc, overhead_limit)
+            budget_bytes = parse_budget(float(ratio), "ratio").resolve(workload.baseline.peak_bytes)
+            result = run(workload, budget_bytes, heuristic, dealloc, overhead_limit)
             results.append(result)
             if progress is not None:
                 progress(len(results), total, result)

@@ -1,4 +1,17 @@
-"""Tracing, jaxpr normalisation and the eager interpreter (the JAX side of jdtr)."""
+"""The JAX side of jdtr: tracing, jaxpr normalisation, the eager interpreter, plan export.
+
+Modules, by the path a call takes:
+
+* `arguments`: a call's argument structure (the trace-cache key);
+* `normalize`, `program`, `executable`, `costs`: a jaxpr made a `Program`
+  of equations DTR can run, each a compiled executable with a cost;
+* `interpreter`: runs a program on the runtime (device buffers, or none in
+  simulation); `grad`: `jdtr.grad`, `jdtr.value_and_grad`, `jdtr.trace`;
+* `segments`, `checkpoint`, `checkpoint_plan`, `compiled`, `autotune`,
+  `planning`, `remat`: `jdtr.plan` and `jdtr.remat_grad`.
+
+Every touch of JAX's internals goes through `_jax_core`.
+"""
 
 from .costs import OpInfo as OpInfo
 from .costs import RooflineCostModel as RooflineCostModel
@@ -6,12 +19,13 @@ from .grad import grad as grad
 from .grad import value_and_grad as value_and_grad
 from .normalize import normalize as normalize
 from .checkpoint_plan import Plan as Plan
-from .checkpoint_plan import SavePolicy as SavePolicy
-from .checkpoint_plan import Segment as Segment
-from .checkpoint_plan import plan as plan
-from .checkpoint_plan import remat_grad as remat_grad
-from .checkpoint_plan import remat_value_and_grad as remat_value_and_grad
+from .grad import trace as trace
 from .program import Program as Program
+from .remat import plan as plan
+from .remat import remat_grad as remat_grad
+from .remat import remat_value_and_grad as remat_value_and_grad
+from .segments import SavePolicy as SavePolicy
+from .segments import Segment as Segment
 
 __all__ = [
     "OpInfo",
@@ -25,5 +39,6 @@ __all__ = [
     "plan",
     "remat_grad",
     "remat_value_and_grad",
+    "trace",
     "value_and_grad",
 ]

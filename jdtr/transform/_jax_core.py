@@ -85,3 +85,13 @@ def aval_nbytes(aval: Any) -> int:
 
 def is_array(x: Any) -> bool:
     return isinstance(x, jax.Array)
+
+
+def is_tracer(x: Any) -> bool:
+    """Whether `x` is a tracer of some transformation (jit, vmap, grad)."""
+    return isinstance(x, jax.core.Tracer)
+
+
+def aval_of(x: Any) -> Any:
+    """The abstract value (shape, dtype, weak type) of a concrete value."""
+    return jax.typeof(x) if hasattr(jax, "typeof") else jax.core.get_aval(x)

@@ -26,7 +26,6 @@ from typing import Any, Callable, Hashable, Optional, Sequence, Union
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 
 from ..budget import Budget, BudgetLike, parse_budget
 from ..runtime import (
@@ -34,20 +33,21 @@ from ..runtime import (
     DEALLOC_POLICIES,
     Counters,
     Heuristic,
-    NullBackend,
     OutOfBudgetError,
     Runtime,
     Timeline,
     get_heuristic,
 )
+from ..offline import run
 from ..stats import Stats
-from ..trace import Trace, TraceRecorder
+from ..oplog import Trace, TraceRecorder
 from . import _jax_core
 from .costs import MEASURED, NANOSECOND, CostModel, check_cost_model
+from .arguments import Arguments, Static, argnums_tuple, flatten_arguments
 from .executable import assign_workspaces
-from .interpreter import Interpreter, JaxBackend, LiveArrayCheck
+from .interpreter import Interpreter, JaxBackend, LiveArrayCheck, workload
 from .normalize import normalize
-from .program import Cond, Program
+from .program import Program
 
 
 @dataclass
@@ -58,79 +58,6 @@ class Traced:
     out_tree: Any
     unconstrained_peak: int
     trace_time_s: float
-
-
-@dataclass(frozen=True)
-class _Static:
-    """A non-array leaf of a non-differentiated argument: part of the cache key."""
-
-    value: Any
-
-
-def _argnums_tuple(argnums: Union[int, Sequence[int]]) -> tuple[int, ...]:
-    if isinstance(argnums, (int, np.integer)) and not isinstance(argnums, bool):
-        return (int(argnums),)
-    if isinstance(argnums, (tuple, list)) and all(isinstance(a, (int, np.integer)) and not isinstance(a, bool) for a in argnums):
-        if len(argnums) == 0:
-            raise ValueError("argnums must not be empty")
-        return tuple(int(a) for a in argnums)
-    raise TypeError(f"argnums must be an int or a tuple of ints; got {argnums!r}")
-
-
-def _path_name(path: Any) -> str:
-    return jax.tree_util.keystr(path) if path else ""
-
-
-def _leaf_spec(leaf: Any, differentiated: bool, where: str) -> Union[jax.ShapeDtypeStruct, _Static]:
-    """How a leaf enters the trace: an abstract array, or a static value."""
-    if isinstance(leaf, jax.core.Tracer):
-        raise TypeError(
-            f"jdtr.grad runs eagerly and cannot be traced by jit, vmap or another transformation, but {where} "
-            "is a tracer. Use jdtr.remat_grad inside jit, or call jdtr.grad outside the transformation."
-        )
-    if _jax_core.is_array(leaf):
-        if leaf.is_deleted():
-            raise ValueError(f"{where} is a deleted jax.Array; its buffer was freed before the call")
-        return jax.ShapeDtypeStruct(leaf.shape, leaf.dtype, weak_type=getattr(leaf, "weak_type", False))
-    if isinstance(leaf, (np.ndarray, np.generic)):
-        # As jax.grad does: float64 becomes float32 unless x64 is enabled (silently).
-        return jax.ShapeDtypeStruct(np.shape(leaf), jax.dtypes.canonicalize_dtype(np.asarray(leaf).dtype))
-    if differentiated:
-        if isinstance(leaf, (bool, int, float, complex)):
-            aval = jnp.asarray(leaf)
-            return jax.ShapeDtypeStruct((), aval.dtype, weak_type=not isinstance(leaf, bool))
-        raise TypeError(f"{where} of type {type(leaf).__name__} is not a valid JAX type to differentiate")
-    try:
-        hash(leaf)
-    except TypeError:
-        raise TypeError(
-            f"{where} of type {type(leaf).__name__} is neither an array nor hashable; jdtr treats non-array "
-            "arguments as static (part of the trace-cache key), so they must be hashable"
-        ) from None
-    return _Static(leaf)
-
-
-def _check_device(leaf: Any, where: str, device: Optional[tuple[Any, str]]) -> Optional[tuple[Any, str]]:
-    """Every operation runs on one device, whose memory the budget bounds:
-    committed arguments must all be on it (uncommitted ones follow, as under
-    jit). Returns the (device, argument) seen first."""
-    if not _jax_core.is_array(leaf) or not getattr(leaf, "committed", False):
-        return device
-    devices = leaf.sharding.device_set
-    if len(devices) != 1:
-        raise ValueError(
-            f"{where} is sharded over {len(devices)} devices, but jdtr runs every operation on one device "
-            "under one budget; pass arrays on a single device (jax.device_put(x, device))"
-        )
-    (here,) = devices
-    if device is None:
-        return here, where
-    if here != device[0]:
-        raise ValueError(
-            f"{where} is on {here} but {device[1]} is on {device[0]}; jdtr runs every operation on one device "
-            "under one budget, so put all arguments on the same device (jax.device_put(x, device))"
-        )
-    return device
 
 
 _TRACES: "weakref.WeakKeyDictionary[Callable, dict]" = weakref.WeakKeyDictionary()
@@ -149,75 +76,36 @@ def _trace_cache(fun: Callable, *config: Hashable) -> dict:
         return {}
 
 
+@dataclass(eq=False, repr=False)
 class _ValueAndGrad:
-    """The callable `jdtr.value_and_grad` returns."""
+    """The callable `jdtr.value_and_grad` returns (its options as `_make` checked them)."""
 
-    def __init__(
-        self,
-        fun: Callable,
-        argnums: Union[int, Sequence[int]],
-        has_aux: bool,
-        budget: Budget,
-        heuristic: Union[str, Heuristic],
-        dealloc: str,
-        cost_model: CostModel,
-        return_stats: bool,
-        debug: bool,
-        timeline: bool,
-        value: bool,
-        log: "Optional[str | os.PathLike[str]]" = None,
-    ):
-        self.fun = fun
-        self.argnums = argnums
-        self.argnum_tuple = _argnums_tuple(argnums)
-        self.has_aux = has_aux
-        self.budget = budget
-        self.heuristic = heuristic
-        self.dealloc = dealloc
-        self.cost_model = cost_model
-        self.return_stats = return_stats
-        self.debug = debug
-        self.timeline = timeline
-        self.value = value
-        self.log = log
-        self.cache: dict[Hashable, Traced] = _trace_cache(fun, self.argnum_tuple, has_aux, cost_model)
+    fun: Callable
+    argnums: Union[int, Sequence[int]]
+    has_aux: bool
+    budget: Budget
+    heuristic: Union[str, Heuristic]
+    dealloc: str
+    cost_model: CostModel
+    return_stats: bool
+    debug: bool
+    timeline: bool
+    value: bool
+    log: "Optional[str | os.PathLike[str]]" = None
+
+    def __post_init__(self) -> None:
+        self.argnum_tuple = argnums_tuple(self.argnums)
+        self.cache: dict[Hashable, Traced] = _trace_cache(self.fun, self.argnum_tuple, self.has_aux, self.cost_model)
         self.cache_hits = 0
         self.cache_misses = 0
-        functools.update_wrapper(self, fun)
+        functools.update_wrapper(self, self.fun)
 
     # ---------------------------------------------------------------- tracing
 
-    def _flatten(self, args: tuple, kwargs: dict):
-        for i in self.argnum_tuple:
-            if i >= len(args) or i < -len(args):
-                raise TypeError(
-                    f"differentiating with respect to argnums={self.argnums} requires at least {max(self.argnum_tuple) + 1} "
-                    f"positional arguments to be passed by the caller, but got only {len(args)} positional arguments"
-                )
-        diff = {i % len(args) for i in self.argnum_tuple}
-        paths, treedef = jax.tree_util.tree_flatten_with_path((args, kwargs))
-        leaves, specs = [], []
-        device: Optional[tuple[Any, str]] = None  # the first committed argument's device
-        for path, leaf in paths:
-            differentiated = path[0].idx == 0 and path[1].idx in diff
-            where = f"argument {_describe(path)}"
-            leaves.append(leaf)
-            specs.append(_leaf_spec(leaf, differentiated, where))
-            device = _check_device(leaf, where, device)
-        return leaves, specs, treedef
-
-    def _trace(self, specs: list, treedef: Any) -> Traced:
+    def _trace(self, arguments: Arguments) -> Traced:
         start = time.perf_counter()
-        traced_positions = [i for i, s in enumerate(specs) if not isinstance(s, _Static)]
-
-        def flat_fun(*traced):
-            leaves = [s.value if isinstance(s, _Static) else None for s in specs]
-            for i, x in zip(traced_positions, traced):
-                leaves[i] = x
-            args, kwargs = jax.tree_util.tree_unflatten(treedef, leaves)
-            return jax.value_and_grad(self.fun, self.argnums, self.has_aux)(*args, **kwargs)
-
-        closed, out_shape = jax.make_jaxpr(flat_fun, return_shape=True)(*[specs[i] for i in traced_positions])
+        flat_fun = arguments.bind(jax.value_and_grad(self.fun, self.argnums, self.has_aux))
+        closed, out_shape = jax.make_jaxpr(flat_fun, return_shape=True)(*arguments.traced_specs)
         out_tree = jax.tree_util.tree_structure(out_shape)
         program = normalize(closed, self.cost_model)
         assign_workspaces(program)
@@ -237,28 +125,26 @@ class _ValueAndGrad:
 
     def record(self, args: tuple, kwargs: dict) -> Trace:
         """The log of the program run in simulation, with no budget (`jdtr.trace`)."""
-        traced, inputs, owned, _ = self._prepare(args, kwargs)
+        traced, _, owned, _ = self._prepare(args, kwargs)
         recorder = TraceRecorder()
-        interpreter = Interpreter(Runtime(NullBackend(), math.inf), choose_branch=_largest_branch, recorder=recorder)
         # The caller's arrays are not the run's to free, here as in a real run.
-        interpreter.run(traced.program, [None] * len(inputs), owned)
+        run(workload(traced.program, owned, recorder), math.inf, "dtr_eq", overhead_limit=None)
         return recorder.trace()
 
     def _prepare(self, args: tuple, kwargs: dict):
         """The traced program for these arguments (from the cache if it can) and its input arrays."""
-        leaves, specs, treedef = self._flatten(args, kwargs)
-        key = (treedef, tuple(specs))
-        traced = self.cache.get(key)
+        leaves, arguments = flatten_arguments(self.argnums, args, kwargs, eager=True)
+        traced = self.cache.get(arguments.key)
         cache_hit = traced is not None
         if traced is None:
             self.cache_misses += 1
-            traced = self._trace(specs, treedef)
-            self.cache[key] = traced
+            traced = self._trace(arguments)
+            self.cache[arguments.key] = traced
         else:
             self.cache_hits += 1
         inputs, owned = [], []
-        for leaf, spec in zip(leaves, specs):
-            if isinstance(spec, _Static):
+        for leaf, spec in zip(leaves, arguments.specs):
+            if isinstance(spec, Static):
                 continue
             if _jax_core.is_array(leaf):
                 inputs.append(leaf)
@@ -322,13 +208,10 @@ class _ValueAndGrad:
                 check.release()
         wall = time.perf_counter() - start
         stats = Stats(
+            **counters.totals(),
             budget_bytes=budget_bytes,
-            peak_bytes=counters.peak_bytes,
             unconstrained_peak_bytes=traced.unconstrained_peak,
             pinned_bytes=counters.pinned_bytes,
-            evictions=counters.evictions,
-            dealloc_evictions=counters.dealloc_evictions,
-            rematerializations=counters.rematerializations,
             base_cost=counters.base_cost * NANOSECOND,
             remat_cost=counters.remat_cost * NANOSECOND,
             overhead=counters.overhead,
@@ -367,22 +250,6 @@ def _device_bytes(inputs: Sequence[Any], held: int) -> Optional[Callable[[], int
     start = stats["bytes_in_use"]
 
     return lambda: device.memory_stats()["bytes_in_use"] - start + held
-
-
-def _largest_branch(cond: Cond) -> int:
-    """In simulation no predicate can be read: the branch with the largest unconstrained peak runs."""
-    peaks = [branch.unconstrained_peak() for branch in cond.branches]
-    return peaks.index(max(peaks))
-
-
-def _describe(path: Any) -> str:
-    """'x' style names for error messages: args[0]['w'] -> positional 0 ['w']."""
-    kind, rest = path[0].idx, path[1:]
-    if kind == 0:
-        head = f"{rest[0].idx}"
-        tail = jax.tree_util.keystr(tuple(rest[1:]))
-        return f"{head}{tail}" if tail else head
-    return f"{jax.tree_util.keystr(tuple(rest))} (keyword)"
 
 
 def _make(fun, argnums, has_aux, budget, heuristic, dealloc, cost_model, return_stats, debug, timeline, value, log=None):
@@ -501,7 +368,7 @@ def trace(fun: Callable, *args: Any, argnums: Union[int, Sequence[int]] = 0, has
     so nothing is computed on the device and a model too large for it can be
     traced — and what the program asks of the DTR runtime is written down in
     the DTR prototype's log format (paper App. C.6; see
-    `jdtr.trace.TraceRecorder`): a `CONSTANT` per argument and constant, a
+    `jdtr.TraceRecorder`): a `CONSTANT` per argument and constant, a
     `CALL` per equation with sizes in bytes and `TIME` in nanoseconds of the
     default, deterministic cost model, a `RELEASE` at each value's last use;
     the outputs stay referenced. The log does not depend on a budget, so

@@ -16,10 +16,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ..runtime import Operator, Runtime, Tensor
-from ..trace import TraceRecorder
-from .program import Cond, Equation, Program, Value
+from ..offline import Baseline, Workload
+from ..oplog import TraceRecorder
+from ..runtime import Operator, Runtime, Tensor, future_uses
 from .costs import nanoseconds
+from .program import Cond, Equation, Program, Value
 
 
 class JaxBackend:
@@ -78,7 +79,7 @@ class LiveArrayCheck:
 class Interpreter:
     """Evaluates a program with `runtime`; one instance per run.
 
-    A `recorder` (`jdtr.trace.TraceRecorder`) stands between the program and
+    A `recorder` (`jdtr.TraceRecorder`) stands between the program and
     the runtime and writes down what the program asks of it, as an operator
     log; without one, the program talks to the runtime directly.
     """
@@ -109,7 +110,7 @@ class Interpreter:
             for value, array in program.consts:
                 env[value] = runtime.constant(value.nbytes, array, name="constant", external=True)
             if self.schedule is not None:
-                self._future, self._top = future_uses(program), program
+                self._future, self._top = program_future(program), program
             self._body(program, env)
             outputs = [self._tensor(env, atom) for atom in program.outputs]
             buffers = runtime.hold(outputs)
@@ -187,12 +188,33 @@ class Interpreter:
                 self.schedule.announce(tensor, uses.get(value, ()))
 
 
+# ------------------------------------------------------------------ simulation
+
+
+def workload(
+    program: Program, owned: Optional[Sequence[bool]] = None, recorder: Optional[TraceRecorder] = None
+) -> Workload:
+    """`program` for the simulation driver (`jdtr.offline.run`): interpreted
+    with no buffers, each `cond` by its largest branch. `owned` marks the
+    arguments the run may free (all of them by default; the caller's own
+    outlive it). A `recorder` writes down what the program asks of the runtime."""
+    arguments = [None] * len(program.inputs)
+    owned = [True] * len(program.inputs) if owned is None else list(owned)
+
+    def play(runtime: Runtime) -> None:
+        Interpreter(runtime, choose_branch=Cond.largest_branch, recorder=recorder).run(program, arguments, owned)
+
+    held = sum(v.nbytes for v in program.inputs) + sum(v.nbytes for v, _ in program.consts)
+    baseline = Baseline(peak_bytes=program.unconstrained_peak(), cost=program.simulated_cost())
+    return Workload(play, baseline, held, program.largest_equation_bytes())
+
+
 # ------------------------------------------------------------------ the program's future
 
 
-def future_uses(program: Program) -> tuple[dict[Value, list[float]], list[float]]:
+def program_future(program: Program) -> tuple[dict[Value, list[float]], list[float]]:
     """For a `jdtr.runtime.Schedule`: the positions at which `program` reads
-    each value, and the cost of each top-level item.
+    each value (`jdtr.runtime.future_uses`), and the cost of each top-level item.
 
     A position is the cost of the items before (1 per item when a cost is
     unknown, as with measured costs); a value read inside a `cond` branch is
@@ -201,19 +223,12 @@ def future_uses(program: Program) -> tuple[dict[Value, list[float]], list[float]
     costs = [_item_cost(item) for item in program.body]
     if any(cost is None for cost in costs):
         costs = [1.0] * len(program.body)
-    uses: dict[Value, list[float]] = {}
-    position = 0.0
-    for item, cost in zip(program.body, costs):
-        for value in dict.fromkeys(_reads(item)):
-            uses.setdefault(value, []).append(position)
-        position += cost
-    for atom in program.outputs:
-        if isinstance(atom, Value):
-            uses.setdefault(atom, []).append(position)
-    return uses, costs
+    outputs = [atom for atom in program.outputs if isinstance(atom, Value)]
+    return future_uses(zip(map(_reads, program.body), costs), outputs), costs
 
 
 def _item_cost(item: Any) -> Optional[float]:
+    """An item's cost for positions: a `cond` by its costliest branch."""
     if isinstance(item, Equation):
         return item.cost
     branches = [[_item_cost(inner) for inner in branch.body] for branch in item.branches]

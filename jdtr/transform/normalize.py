@@ -65,7 +65,7 @@ class _Normalizer:
         """A jaxpr constant: pinned for the whole run, shared by all its uses."""
         found = self.consts.get(id(array))
         if found is None:
-            aval = jax.typeof(array) if hasattr(jax, "typeof") else jax.core.get_aval(array)
+            aval = _jax_core.aval_of(array)
             found = (self.new_value(aval), array)
             self.consts[id(array)] = found
         return found[0]

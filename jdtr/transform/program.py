@@ -86,6 +86,12 @@ class Cond:
     def effects(self) -> bool:
         return any(item.effects for branch in self.branches for item in branch.body)
 
+    def largest_branch(self) -> int:
+        """The branch with the largest unconstrained peak: the one a
+        simulation runs, where no predicate can be read (the first of equals)."""
+        peaks = [branch.unconstrained_peak() for branch in self.branches]
+        return peaks.index(max(peaks))
+
 
 Item = Union[Equation, Cond]
 
@@ -122,6 +128,24 @@ class Program:
                     used |= branch.used_values()
         return used
 
+    def simulated_cost(self) -> float:
+        """The cost of running every equation once, each `cond` by its
+        largest branch (as a simulation runs it); unknown costs count 0."""
+        total = 0.0
+        for item in self.body:
+            if isinstance(item, Equation):
+                total += item.cost or 0.0
+            else:
+                total += item.branches[item.largest_branch()].simulated_cost()
+        return total
+
+    def largest_equation_bytes(self) -> int:
+        """The most one equation holds at once: its inputs and outputs."""
+        return max(
+            (sum(v.nbytes for v in (*item.args, *item.outputs)) for item in self.body if isinstance(item, Equation)),
+            default=0,
+        )
+
     def unconstrained_peak(self) -> int:
         """Peak bytes of running the program with nothing evicted, values
         freed at their last use, as the runtime accounts them; for `cond`,
@@ -134,23 +158,33 @@ class Program:
 def liveness(program: Program) -> dict[int, list[Value]]:
     """Last use of every value; values never read are released right after
     they are made; outputs are never released."""
-    last: dict[Value, int] = {}
-    for v in program.inputs:
-        last[v] = -1
-    for v, _ in program.consts:
-        last[v] = -1
-    for i, item in enumerate(program.body):
-        for v in item.outputs:
-            last[v] = i
-        for v in item.args:
-            last[v] = i
-    for atom in program.outputs:
-        if isinstance(atom, Value):
-            last.pop(atom, None)
+    reads, end = last_reads(program), len(program.body)
     release: dict[int, list[Value]] = {}
-    for v, i in last.items():
-        release.setdefault(i, []).append(v)
+    for v, defined in definitions(program).items():  # in definition order: the order of releases
+        last = reads.get(v, defined)
+        if last < end:
+            release.setdefault(last, []).append(v)
     return release
+
+
+def definitions(program: Program) -> dict[Value, int]:
+    """Per value, in the order they are made, the body item that makes it
+    (-1 for inputs and constants)."""
+    defined = {v: -1 for v in program.inputs}
+    defined.update((v, -1) for v, _ in program.consts)
+    for i, item in enumerate(program.body):
+        defined.update((v, i) for v in item.outputs)
+    return defined
+
+
+def last_reads(program: Program) -> dict[Value, int]:
+    """Per value read, the last body item that reads it; `len(body)` for
+    the program's outputs, read when it returns."""
+    last: dict[Value, int] = {}
+    for i, item in enumerate(program.body):
+        last.update((v, i) for v in item.args)
+    last.update((a, len(program.body)) for a in program.outputs if isinstance(a, Value))
+    return last
 
 
 def _walk_peak(program: Program, memory: int, peak: int, branch: bool) -> tuple[int, int]:

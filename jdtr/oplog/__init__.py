@@ -2,9 +2,12 @@
 
 `Trace.from_log(path)` reads a log, `trace.to_log(path)` writes it back, and
 `trace.program` is what it means: pure operator calls on numbered values,
-with `MUTATE` made copy-on-write. `jdtr.simulate` replays a trace under a
-memory budget. A `TraceRecorder` writes the log of what a jdtr program asks
-of the runtime (`jdtr.trace`, `jdtr.grad(..., log=path)`).
+with `MUTATE` made copy-on-write; `replay` runs such a program on the DTR
+runtime. `jdtr.simulate` replays a trace under a memory budget. A
+`TraceRecorder` writes the log of what a jdtr program asks of the runtime
+(`jdtr.trace`, `jdtr.grad(..., log=path)`).
+
+This was `jdtr.trace` before 0.2, a name now left to the function alone.
 """
 
 from ._errors import LogFormatError as LogFormatError
@@ -22,6 +25,7 @@ from ._records import Mutate as Mutate
 from ._records import Record as Record
 from ._records import Release as Release
 from ._recorder import TraceRecorder as TraceRecorder
+from ._replay import replay as replay
 from ._trace import Trace as Trace
 
 __all__ = [
@@ -41,4 +45,5 @@ __all__ = [
     "Step",
     "Trace",
     "TraceRecorder",
+    "replay",
 ]

@@ -18,7 +18,7 @@ The log a recorder writes:
   cost in the runtime's unit (jdtr's interpreter counts whole nanoseconds),
   as an integer of at least 1; the memory the operator needs only while it
   runs (XLA's temporaries), where it needs any, is one more result named
-  "workspace<n>", released right after the call (`jdtr.trace._program`
+  "workspace<n>", released right after the call (`jdtr.oplog._program`
   reads it back as such);
 * `COPY` for a new reference (a `cond` branch taking its operands), `RELEASE`
   for a dropped one (each value's last use), except for the caller's
@@ -105,19 +105,10 @@ class TraceRecorder:
         self.records.append(Constant(label, int(size)))
         return tensor
 
-    def call(
-        self,
-        name: str,
-        inputs: Sequence[Tensor],
-        sizes: Sequence[int],
-        cost: Optional[float] = None,
-        payload: Any = None,
-        replayable: bool = True,
-        source: Optional[str] = None,
-        aliases: Optional[Sequence[int]] = None,
-        workspace: int = 0,
-    ) -> list[Tensor]:
-        outputs = self.runtime.call(name, inputs, sizes, cost, payload, replayable, source, aliases, workspace)
+    def call(self, name: str, inputs: Sequence[Tensor], sizes: Sequence[int], **options: Any) -> list[Tensor]:
+        """`Runtime.call` (its keyword options as they are), written down as a `CALL`."""
+        outputs = self.runtime.call(name, inputs, sizes, **options)
+        cost, aliases, workspace = options.get("cost"), options.get("aliases"), options.get("workspace", 0)
         if cost is None and outputs:  # measured by the backend
             cost = outputs[0].op.cost
         args = tuple(self._names[t] for t in inputs)
@@ -129,7 +120,7 @@ class TraceRecorder:
             results, memory = [self._new_name("v")], [0]
         alias = [-1 if aliases is None or aliases[i] is None else aliases[i] for i in range(len(results))]
         released = [] if outputs else [results[0]]
-        if workspace:  # one more result by the workspace naming rule (see `jdtr.trace._program`), dropped at once
+        if workspace:  # one more result by the workspace naming rule (see `jdtr.oplog._program`), dropped at once
             released.append(self._new_name(WORKSPACE_PREFIX))
             results.append(released[-1])
             memory.append(int(workspace))

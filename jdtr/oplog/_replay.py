@@ -4,24 +4,15 @@ from __future__ import annotations
 
 from typing import Optional
 
-from ..runtime import Runtime, Tensor
-from ..trace import ComputeStep, Program, RetainStep
+from ..runtime import Runtime, Tensor, future_uses
+from ._program import ComputeStep, Program, RetainStep
 
 
-def future_uses(program: Program) -> list[list[float]]:
-    """For a `jdtr.runtime.Schedule`: per value, the positions at which the
-    program reads it; an operation's position is the cost of the operations
-    before it, and the outputs are read at the end."""
-    uses: list[list[float]] = [[] for _ in program.value_names]
-    position = 0.0
+def _operations(program: Program):
+    """The program's operations for `future_uses`: constants are not operations."""
     for step in program.steps:
         if isinstance(step, ComputeStep) and not step.constant:
-            for value in dict.fromkeys(step.inputs):
-                uses[value].append(position)
-            position += step.cost
-    for value in program.outputs:
-        uses[value].append(position)
-    return uses
+            yield step.inputs, step.cost
 
 
 def replay(program: Program, runtime: Runtime, source: Optional[str] = None) -> None:
@@ -37,7 +28,7 @@ def replay(program: Program, runtime: Runtime, source: Optional[str] = None) -> 
     """
     values: list[Optional[Tensor]] = [None] * len(program.value_names)
     schedule = runtime.schedule  # the program's future, for heuristics that look ahead
-    uses = future_uses(program) if schedule is not None else None
+    uses = future_uses(_operations(program), program.outputs) if schedule is not None else None
     for step in program.steps:
         if isinstance(step, ComputeStep):
             where = f"{source or 'trace'}:{step.line}" if step.line is not None else None
@@ -57,7 +48,7 @@ def replay(program: Program, runtime: Runtime, source: Optional[str] = None) -> 
                 values[value] = tensor
             if schedule is not None:
                 for value, tensor in zip(step.outputs, outputs):
-                    schedule.announce(tensor, uses[value])
+                    schedule.announce(tensor, uses.get(value, ()))
                 schedule.advance(step.cost)
         elif isinstance(step, RetainStep):
             runtime.retain(values[step.value])

@@ -1,0 +1,107 @@
+"""h_DTR^eq's evicted components: union-find sets with a running cost (App. C.2)."""
+
+from __future__ import annotations
+
+from ..graph import Storage
+from ..union_find import CostSet, find, union
+from .base import IndexedHeuristic, RunView
+from .regions import live_evicted
+
+
+class ComponentHeuristic(IndexedHeuristic):
+    """Evicted storages grouped in union-find sets with a running cost (App. C.2).
+
+    Evicting S makes a set holding cost(S) and merges the sets of S's evicted
+    neighbours; rematerializing S subtracts cost(S) from its set and detaches
+    S (the splitting approximation: the set itself is not split, so
+    "phantom" links remain). A resident storage has no set.
+
+    For the index, each set also lists the resident storages next to its
+    members (its *frontier*): when the set loses a member, their scores may
+    drop, so they are touched. Sets only grow, so every resident storage whose
+    evicted neighbourhood contains a storage is on the frontier of that
+    storage's set.
+    """
+
+    def attach(self, run: RunView) -> None:
+        super().attach(run)
+        self._frontier: dict[CostSet, list[Storage]] = {}
+
+    def detach(self) -> None:
+        super().detach()
+        self._frontier = {}
+
+    def on_evict(self, storage: Storage) -> None:
+        node = CostSet(storage.cost)
+        storage.heuristic_state = node
+        neighbors = (*storage.deps, *storage.dependents)
+        self.read_metadata(len(neighbors))
+        if self._index is None:
+            for neighbor in neighbors:
+                if neighbor.heuristic_state is not None and live_evicted(neighbor):
+                    node = union(neighbor.heuristic_state, node)
+            return
+        lists, negative = [], False
+        for neighbor in neighbors:
+            if neighbor.heuristic_state is not None and live_evicted(neighbor):
+                root = find(neighbor.heuristic_state)
+                negative = negative or root.cost < 0
+                members = self._frontier.pop(root, None)
+                if members:
+                    lists.append(members)
+                node = union(neighbor.heuristic_state, node)
+        lists.sort(key=len)
+        frontier = lists.pop() if lists else []
+        for members in lists:
+            frontier.extend(members)
+        frontier.extend(n for n in neighbors if n.resident)
+        if frontier:
+            self._frontier[find(node)] = frontier
+        if negative:
+            # A set can cost less than nothing (a view charged to a storage while
+            # it was evicted is subtracted when it returns): merging it lowers scores.
+            for resident in dict.fromkeys(frontier):
+                if resident.resident:
+                    self.touch(resident)
+
+    def on_rematerialize(self, storage: Storage) -> None:
+        node = storage.heuristic_state
+        if node is not None:
+            root = find(node)
+            root.cost -= storage.cost
+            storage.heuristic_state = None
+            if self._index is not None:
+                self._lost_member(storage, root)
+        if self._index is not None:  # now resident next to its evicted neighbours' sets
+            for neighbor in (*storage.deps, *storage.dependents):
+                if neighbor.heuristic_state is not None and live_evicted(neighbor):
+                    self._frontier.setdefault(find(neighbor.heuristic_state), []).append(storage)
+
+    def on_banish(self, storage: Storage) -> None:
+        if self._index is not None and storage.heuristic_state is not None:
+            self._lost_member(storage, find(storage.heuristic_state))
+
+    def _lost_member(self, storage: Storage, root: CostSet) -> None:
+        """`storage` left the evicted storages of `root`'s set: touch the
+        resident storages that may have counted it, and forget those no
+        longer next to the set."""
+        for neighbor in (*storage.deps, *storage.dependents):
+            if neighbor.resident:
+                self.touch(neighbor)
+        members = self._frontier.pop(root, None)
+        if not members:
+            return
+        kept = []
+        for resident in dict.fromkeys(members):
+            if resident.resident and self._next_to(resident, root):
+                kept.append(resident)
+                self.touch(resident)
+        if kept:
+            self._frontier[root] = kept
+
+    def _next_to(self, storage: Storage, root: CostSet) -> bool:
+        for neighbor in (*storage.deps, *storage.dependents):
+            self.read_metadata()
+            if neighbor.heuristic_state is not None and live_evicted(neighbor) and find(neighbor.heuristic_state) is root:
+                return True
+        return False

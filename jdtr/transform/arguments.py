@@ -1,0 +1,207 @@
+"""How a call's arguments enter a trace: one flattening for `grad`, `plan` and `nnx`.
+
+A function jdtr differentiates is traced per *argument structure*: the
+pytree of the call, each array leaf's shape and dtype, and the value of
+every non-array leaf of an argument not differentiated (static, as under
+`jax.jit` with `static_argnums`: part of the cache key). `flatten_arguments`
+reads a call as that structure (`Arguments`), checking what `jax.grad`
+would reject, and `Arguments.bind` turns a function of the original
+arguments into one of the traced leaves alone.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable, Optional, Sequence, Union
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from . import _jax_core
+
+
+@dataclass(frozen=True)
+class Static:
+    """A non-array leaf of a non-differentiated argument: part of the cache key."""
+
+    value: Any
+
+
+Spec = Union[jax.ShapeDtypeStruct, Static]
+
+
+def argnums_tuple(argnums: Union[int, Sequence[int]]) -> tuple[int, ...]:
+    """`argnums` as a tuple of ints, checked as `jax.grad` checks it."""
+    if isinstance(argnums, (int, np.integer)) and not isinstance(argnums, bool):
+        return (int(argnums),)
+    if isinstance(argnums, (tuple, list)) and all(isinstance(a, (int, np.integer)) and not isinstance(a, bool) for a in argnums):
+        if len(argnums) == 0:
+            raise ValueError("argnums must not be empty")
+        return tuple(int(a) for a in argnums)
+    raise TypeError(f"argnums must be an int or a tuple of ints; got {argnums!r}")
+
+
+def describe(path: Any) -> str:
+    """'x' style names for error messages: args[0]['w'] -> positional 0 ['w']."""
+    kind, rest = path[0].idx, path[1:]
+    if kind == 0:
+        head = f"{rest[0].idx}"
+        tail = jax.tree_util.keystr(tuple(rest[1:]))
+        return f"{head}{tail}" if tail else head
+    return f"{jax.tree_util.keystr(tuple(rest))} (keyword)"
+
+
+def leaf_spec(leaf: Any, differentiated: bool, where: str) -> Spec:
+    """How a concrete leaf enters the trace: an abstract array, or a static value."""
+    if _jax_core.is_tracer(leaf):
+        raise TypeError(
+            f"jdtr.grad runs eagerly and cannot be traced by jit, vmap or another transformation, but {where} "
+            "is a tracer. Use jdtr.remat_grad inside jit, or call jdtr.grad outside the transformation."
+        )
+    if _jax_core.is_array(leaf):
+        if leaf.is_deleted():
+            raise ValueError(f"{where} is a deleted jax.Array; its buffer was freed before the call")
+        return jax.ShapeDtypeStruct(leaf.shape, leaf.dtype, weak_type=getattr(leaf, "weak_type", False))
+    if isinstance(leaf, (np.ndarray, np.generic)):
+        # As jax.grad does: float64 becomes float32 unless x64 is enabled (silently).
+        return jax.ShapeDtypeStruct(np.shape(leaf), jax.dtypes.canonicalize_dtype(np.asarray(leaf).dtype))
+    if differentiated:
+        if isinstance(leaf, (bool, int, float, complex)):
+            aval = jnp.asarray(leaf)
+            return jax.ShapeDtypeStruct((), aval.dtype, weak_type=not isinstance(leaf, bool))
+        raise TypeError(f"{where} of type {type(leaf).__name__} is not a valid JAX type to differentiate")
+    try:
+        hash(leaf)
+    except TypeError:
+        raise TypeError(
+            f"{where} of type {type(leaf).__name__} is neither an array nor hashable; jdtr treats non-array "
+            "arguments as static (part of the trace-cache key), so they must be hashable"
+        ) from None
+    return Static(leaf)
+
+
+def _abstract_spec(leaf: Any) -> Optional[jax.ShapeDtypeStruct]:
+    """The spec of a leaf known by its shape alone (a tracer under jit or
+    vmap, a `ShapeDtypeStruct`); None for a concrete leaf."""
+    if _jax_core.is_tracer(leaf):
+        return jax.ShapeDtypeStruct(leaf.shape, leaf.dtype, weak_type=getattr(leaf.aval, "weak_type", False))
+    if isinstance(leaf, jax.ShapeDtypeStruct):
+        return jax.ShapeDtypeStruct(leaf.shape, leaf.dtype, weak_type=leaf.weak_type)
+    return None
+
+
+def _check_device(leaf: Any, where: str, device: Optional[tuple[Any, str]]) -> Optional[tuple[Any, str]]:
+    """Every operation runs on one device, whose memory the budget bounds:
+    committed arguments must all be on it (uncommitted ones follow, as under
+    jit). Returns the (device, argument) seen first."""
+    if not _jax_core.is_array(leaf) or not getattr(leaf, "committed", False):
+        return device
+    devices = leaf.sharding.device_set
+    if len(devices) != 1:
+        raise ValueError(
+            f"{where} is sharded over {len(devices)} devices, but jdtr runs every operation on one device "
+            "under one budget; pass arrays on a single device (jax.device_put(x, device))"
+        )
+    (here,) = devices
+    if device is None:
+        return here, where
+    if here != device[0]:
+        raise ValueError(
+            f"{where} is on {here} but {device[1]} is on {device[0]}; jdtr runs every operation on one device "
+            "under one budget, so put all arguments on the same device (jax.device_put(x, device))"
+        )
+    return device
+
+
+@dataclass(frozen=True, eq=False)
+class Arguments:
+    """A call's argument structure: what a trace depends on.
+
+    Attributes:
+      treedef: the pytree of `(args, kwargs)`.
+      specs: per leaf, an abstract array or a `Static` value.
+      differentiated: per leaf, whether it belongs to a differentiated argument.
+    """
+
+    treedef: Any
+    specs: tuple[Spec, ...]
+    differentiated: tuple[bool, ...]
+
+    @property
+    def key(self) -> tuple:
+        """What traces are cached by."""
+        return (self.treedef, self.specs)
+
+    @property
+    def traced_specs(self) -> list[jax.ShapeDtypeStruct]:
+        """The specs of the leaves that are traced (every one but the statics)."""
+        return [s for s in self.specs if not isinstance(s, Static)]
+
+    @property
+    def traced_argnums(self) -> tuple[int, ...]:
+        """Positions, among the traced leaves, of the differentiated ones."""
+        flags = [d for d, s in zip(self.differentiated, self.specs) if not isinstance(s, Static)]
+        return tuple(i for i, d in enumerate(flags) if d)
+
+    def traced_leaves(self, args: tuple, kwargs: dict) -> list:
+        """The leaves of a call with this structure that are traced."""
+        leaves = jax.tree_util.tree_leaves((args, kwargs))
+        return [x for x, s in zip(leaves, self.specs) if not isinstance(s, Static)]
+
+    def bind(self, fun: Callable) -> Callable:
+        """`fun(*args, **kwargs)` as a function of the traced leaves, the statics filled in."""
+        specs, treedef = self.specs, self.treedef
+        positions = [i for i, s in enumerate(specs) if not isinstance(s, Static)]
+
+        def flat(*traced):
+            leaves = [s.value if isinstance(s, Static) else None for s in specs]
+            for i, x in zip(positions, traced):
+                leaves[i] = x
+            args, kwargs = jax.tree_util.tree_unflatten(treedef, leaves)
+            return fun(*args, **kwargs)
+
+        return flat
+
+
+def flatten_arguments(
+    argnums: Union[int, Sequence[int]], args: tuple, kwargs: dict, *, eager: bool
+) -> tuple[list, Arguments]:
+    """The leaves of a call and its argument structure.
+
+    Args:
+      argnums: the differentiated positional arguments.
+      eager: True for `jdtr.grad`, which runs on concrete arrays: a tracer
+        is an error, and committed arrays must share one device. False for
+        planning, where tracers and `ShapeDtypeStruct`s count by shape.
+    """
+    argnum_tuple = argnums_tuple(argnums)
+    for i in argnum_tuple:
+        if i >= len(args) or i < -len(args):
+            raise TypeError(
+                f"differentiating with respect to argnums={argnums} requires at least {max(argnum_tuple) + 1} "
+                f"positional arguments to be passed by the caller, but got only {len(args)} positional arguments"
+            )
+    diff = {i % len(args) for i in argnum_tuple}
+    paths, treedef = jax.tree_util.tree_flatten_with_path((args, kwargs))
+    leaves, specs, flags = [], [], []
+    device: Optional[tuple[Any, str]] = None  # the first committed argument's device
+    for path, leaf in paths:
+        differentiated = path[0].idx == 0 and path[1].idx in diff
+        where = f"argument {describe(path)}"
+        abstract = None if eager else _abstract_spec(leaf)
+        leaves.append(leaf)
+        flags.append(differentiated)
+        specs.append(abstract if abstract is not None else leaf_spec(leaf, differentiated, where))
+        if eager:
+            device = _check_device(leaf, where, device)
+    return leaves, Arguments(treedef, tuple(specs), tuple(flags))
+
+
+def concrete_leaves(arguments: Arguments, args: tuple, kwargs: dict) -> Optional[list]:
+    """The call's traced leaves as they are, when none is abstract (a tracer
+    or a `ShapeDtypeStruct`): what a compiled step takes."""
+    leaves = jax.tree_util.tree_leaves((args, kwargs))
+    if any(_abstract_spec(leaf) is not None for leaf in leaves):
+        return None
+    return [leaf for leaf, spec in zip(leaves, arguments.specs) if not isinstance(spec, Static)]

@@ -1,0 +1,34 @@
+"""Compiling candidate steps and reading XLA's memory for them (`memory_analysis()`)."""
+
+from __future__ import annotations
+
+import concurrent.futures
+import os
+from typing import Any, Callable, Sequence
+
+import jax
+
+def lower(fn: Callable, specs: Sequence[jax.ShapeDtypeStruct]) -> Any:
+    """`fn` jitted and lowered for arguments of these shapes."""
+    return jax.jit(fn).lower(*specs)
+
+
+def compile_all(lowered: Sequence[Any]) -> list[tuple[Any, int]]:
+    """Compiles in threads: XLA compiles without the GIL, so candidates overlap."""
+    if len(lowered) < 2:
+        return [_compiled_and_bytes(x.compile()) for x in lowered]
+    with concurrent.futures.ThreadPoolExecutor(max_workers=min(len(lowered), os.cpu_count() or 1)) as pool:
+        return list(pool.map(lambda x: _compiled_and_bytes(x.compile()), lowered))
+
+
+def _compiled_and_bytes(compiled: Any) -> tuple[Any, int]:
+    analysis = compiled.memory_analysis()
+    if analysis is None:  # some backends do not report
+        return compiled, 0
+    nbytes = analysis.argument_size_in_bytes + analysis.output_size_in_bytes + analysis.temp_size_in_bytes
+    return compiled, int(nbytes - analysis.alias_size_in_bytes)
+
+
+def compiled_bytes(fn: Callable, specs: Sequence) -> int:
+    """XLA's argument + output + temporary bytes for `fn` compiled for these shapes."""
+    return _compiled_and_bytes(lower(fn, specs).compile())[1]

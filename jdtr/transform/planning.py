@@ -1,0 +1,417 @@
+"""Planning: DTR simulated on a traced step, its decisions exported as `jax.checkpoint` segments.
+
+`jdtr.grad` pays Python dispatch per equation. For a static computation one
+can instead *simulate* DTR once on the traced forward+backward at the
+budget, read off which forward values it kept resident until the backward
+pass needed them (its persistent checkpoints), and compile that decision:
+
+1. The forward function is traced and normalised (scans unrolled), and every
+   forward value gets a `checkpoint_name`.
+2. The value-and-grad of that named forward is simulated under the budget
+   (the same runtime, with a backend that holds no buffers). A named value
+   the backward pass reads and DTR never had to rematerialize is *saved*.
+3. The forward equations are cut into segments at points where every value
+   crossing the cut is saved: each segment becomes one `jax.checkpoint`
+   whose policy saves the segment's saved names, so its other values are
+   recomputed when the backward pass reaches it.
+4. The compiled step's memory (`memory_analysis()`: arguments + outputs +
+   temporaries) is checked against the budget; if XLA needs more than the
+   simulation predicted, the plan is redone for a proportionally smaller
+   simulated budget.
+
+The segments are cut in `segments`, run in `checkpoint`, compiled and
+measured in `compiled`; `make_plan` searches the simulated budget and,
+autotuning, times the candidates.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import functools
+import warnings
+import weakref
+from dataclasses import dataclass
+from typing import Any, Callable, Optional, Sequence, Union
+
+import jax
+
+from ..budget import BudgetLike, parse_budget
+from ..offline import run
+from ..runtime import Heuristic, Observer, OutOfBudgetError, get_heuristic
+from .arguments import Arguments, argnums_tuple, concrete_leaves, flatten_arguments
+from .autotune import Timing, can_autotune, example_inputs, median_step_seconds
+from .checkpoint import named_forward, run_segments
+from .checkpoint_plan import Plan, layout
+from .compiled import compile_all, compiled_bytes, lower
+from .interpreter import workload
+from .normalize import normalize
+from .program import Equation, Program, Value
+from .segments import NAME_PREFIX, fixed_bytes, predicted_bytes, segments, uniform_segments
+
+
+# XLA's buffer assignment is not fully predictable from the plan: a plan
+# whose compiled step exceeds the budget by at most this fraction is accepted;
+# beyond it, `plan` raises `OutOfBudgetError`.
+PLAN_SLACK = 0.10
+IMPLEMENTATIONS = ("auto", "checkpoint", "protected")
+# Autotuning: step times within this fraction of the fastest count as equal.
+TIE_TOLERANCE = 0.02
+# Autotuning's candidates: DTR's plans for these fractions of the budget.
+# Fine steps matter: on the CPU the fastest transformer plan came from 0.35.
+AUTOTUNE_SCALES = (0.7, 0.5, 0.35, 0.25)
+
+
+
+# ------------------------------------------------------------ configuration
+
+
+@dataclass(frozen=True, eq=False)
+class Config:
+    """How the user's function is flattened for planning (not the function
+    itself: plans and the planning cache must not keep it alive)."""
+
+    argnums: Union[int, tuple[int, ...]]
+    has_aux: bool
+    arguments: Arguments
+    out_tree: Any
+    implementation: str
+
+    def traced_leaves(self, args, kwargs) -> list:
+        return self.arguments.traced_leaves(args, kwargs)
+
+    def unflatten_outputs(self, outs):
+        return jax.tree_util.tree_unflatten(self.out_tree, outs)
+
+
+def _forward_program(fun: Callable, arguments: Arguments) -> tuple[Program, Any]:
+    """The forward function's normalised program; inputs are the traced leaves."""
+    closed, out_shape = jax.make_jaxpr(arguments.bind(fun), return_shape=True)(*arguments.traced_specs)
+    return normalize(closed), jax.tree_util.tree_structure(out_shape)
+
+
+# ------------------------------------------------------------ simulation
+
+
+class _Rematerialized(Observer):
+    """The values of the equations a run replayed."""
+
+    def __init__(self):
+        self.values: set[Value] = set()
+
+    def on_compute(self, op, cost, rematerialization, clock):
+        if rematerialization and isinstance(op.payload, Equation):
+            self.values.update(op.payload.outputs)
+
+
+def _backward_reads(forward: Program, vg: Program) -> dict[Value, Value]:
+    """The forward values the backward pass reads (the residuals), each with
+    its named counterpart in the value-and-grad program."""
+    names = {int(k[len(NAME_PREFIX) :]): v for k, v in vg.names.items() if k.startswith(NAME_PREFIX)}
+    forward_values = {v.id: v for item in forward.body for v in item.outputs}
+    position, last_use = {}, {}
+    for i, item in enumerate(vg.body):
+        for v in item.outputs:
+            position[v] = i
+        for v in item.args:
+            last_use[v] = i
+    # Where the forward pass ends in the value-and-grad program: the last named value.
+    forward_end = max((position.get(v, -1) for v in names.values()), default=-1)
+    reads = {}
+    for value_id, vg_value in names.items():
+        fwd_value = forward_values.get(value_id)
+        if fwd_value is not None and last_use.get(vg_value, -1) > forward_end:
+            reads[fwd_value] = vg_value
+    return reads
+
+
+def _plan_for(planning: Planning, sim_budget: int, target: float, heuristic, max_depth: int = 1) -> Optional[Plan]:
+    """The plan read from DTR's run at `sim_budget`, or None if DTR runs out
+    of memory or thrashes there."""
+    forward = planning.forward
+    simulations = planning.simulations  # by simulated budget: searches revisit budgets
+    if sim_budget not in simulations:
+        # A plan that recomputes more than the whole step again is not worth
+        # reading (the driver's default overhead limit, 2x). A failed run is
+        # cached as None, not as an error, whose traceback would keep this
+        # call's frames (and the user's function) alive.
+        remat = _Rematerialized()
+        simulated = run(planning.workload, sim_budget, heuristic, observers=[remat])
+        simulations[sim_budget] = (simulated, remat.values) if simulated.ok else None
+    if simulations[sim_budget] is None:
+        return None
+    simulated, rematerialized = simulations[sim_budget]
+    saved = {fwd_value for fwd_value, vg_value in planning.reads.items() if vg_value not in rematerialized}
+    gradient_bytes = planning.gradient_bytes
+    cut = segments(forward, saved, planning.residuals, target, gradient_bytes, max_depth)
+    saved_all = frozenset(saved | {v for s in cut for v in s.inputs})
+    predicted = predicted_bytes(forward, cut, gradient_bytes)
+    return Plan(0, cut, saved_all, simulated, forward, planning.config, predicted_bytes=predicted)
+
+
+def uniform_plan(planning: "Planning", base: Plan) -> Plan:
+    """The uniform-segments candidate, beside DTR's `base` plan for the same step."""
+    forward, gradient_bytes = planning.forward, planning.gradient_bytes
+    cut = uniform_segments(forward, planning.residuals, gradient_bytes)
+    saved = frozenset(v for s in cut for v in s.inputs)
+    predicted = predicted_bytes(forward, cut, gradient_bytes)
+    return dataclasses.replace(
+        base, segments=cut, saved=saved, predicted_bytes=predicted, compiled_bytes=None, origin="uniform"
+    )
+
+
+def _value_and_grad_program(config: Config, forward: Program) -> Program:
+    """The value-and-grad of the forward program with every float value named."""
+    named = named_forward(forward)
+
+    def scalar(*leaves):
+        outs = named(*leaves)
+        return (outs[0], outs[1:]) if config.has_aux else outs[0]
+
+    arguments = config.arguments
+    vg = jax.value_and_grad(scalar, arguments.traced_argnums, has_aux=config.has_aux)
+    return normalize(jax.make_jaxpr(vg)(*arguments.traced_specs))
+
+
+@dataclass(eq=False)
+class Planning:
+    """What planning one function for one argument structure computes once
+    for every budget: its programs, XLA's bytes without remat, the DTR
+    simulations (by simulated budget) and the compiled candidate plans (by
+    layout). Reused, like `jax.jit`'s cache, by the function's identity."""
+
+    config: Config
+    forward: Program
+    vg: Program
+    unconstrained: int
+    simulations: dict = dataclasses.field(default_factory=dict)
+    executables: dict = dataclasses.field(default_factory=dict)
+
+    @functools.cached_property
+    def reads(self) -> dict[Value, Value]:
+        """The residuals, each with its counterpart in the value-and-grad program."""
+        return _backward_reads(self.forward, self.vg)
+
+    @functools.cached_property
+    def workload(self):
+        """The value-and-grad program for the simulation driver."""
+        return workload(self.vg)
+
+    @functools.cached_property
+    def residuals(self) -> set[Value]:
+        return set(self.reads)
+
+    @functools.cached_property
+    def gradient_bytes(self) -> int:
+        """Bytes of the gradients the step returns (one per differentiated input)."""
+        differentiated = set(self.config.arguments.traced_argnums)
+        return sum(v.nbytes for i, v in enumerate(self.forward.inputs) if i in differentiated)
+
+    def compile(self, plans: Sequence[Plan]) -> list[tuple[Any, int]]:
+        """Each plan's compiled step and XLA's bytes; new layouts are lowered
+        one by one, then compiled side by side."""
+        new = {}
+        for plan in plans:
+            key = layout(plan)
+            if key not in self.executables and key not in new:
+                new[key] = lower(step_of(plan, self.config), self.config.arguments.traced_specs)
+        self.executables.update(zip(new, compile_all(list(new.values()))))
+        return [self.executables[layout(plan)] for plan in plans]
+
+
+# Planning a function again for the same shapes (another budget, a sweep of
+# budgets, a notebook) starts from what was computed before. Held weakly by
+# the function, as `jax.jit` does, so that dropping the function frees its
+# programs (and any arrays they captured); per function, the last few
+# argument structures.
+PLANNING_CACHE_SIZE = 8
+planning_cache: "weakref.WeakKeyDictionary[Callable, collections.OrderedDict]" = weakref.WeakKeyDictionary()
+
+
+def _planning_for(fun, argnums, has_aux, heuristic, implementation, arguments: Arguments) -> Planning:
+    key = (argnums_tuple(argnums), has_aux, heuristic, implementation, *arguments.key)
+    try:
+        entries = planning_cache.setdefault(fun, collections.OrderedDict())
+        found = entries.get(key)
+    except TypeError:  # a callable without weak references, or an unhashable heuristic: plan from scratch
+        entries, found = None, None
+    if found is not None:
+        entries.move_to_end(key)
+        return found
+    forward, out_tree = _forward_program(fun, arguments)
+    config = Config(argnums, has_aux, arguments, out_tree, implementation)
+    vg = _value_and_grad_program(config, forward)
+    plain = arguments.bind(jax.grad(fun, argnums, has_aux))
+    planning = Planning(config, forward, vg, compiled_bytes(plain, arguments.traced_specs))
+    if entries is not None:
+        entries[key] = planning
+        while len(entries) > PLANNING_CACHE_SIZE:
+            entries.popitem(last=False)
+    return planning
+
+
+def make_plan(
+    fun: Callable,
+    args: tuple,
+    kwargs: dict,
+    budget: BudgetLike,
+    argnums: Union[int, Sequence[int]] = 0,
+    has_aux: bool = False,
+    heuristic: Union[str, Heuristic] = "dtr_eq",
+    implementation: str = "auto",
+    autotune: Optional[bool] = None,
+    max_attempts: int = 6,
+) -> Plan:
+    """Simulates DTR at `budget` and exports its decisions as checkpoint segments."""
+    if implementation not in IMPLEMENTATIONS:
+        raise ValueError(f"implementation must be one of {IMPLEMENTATIONS}; got {implementation!r}")
+    budget_spec = parse_budget(budget)
+    get_heuristic(heuristic)
+    _, arguments = flatten_arguments(argnums, args, kwargs, eager=False)
+    planning = _planning_for(fun, argnums, has_aux, heuristic, implementation, arguments)
+    forward, unconstrained = planning.forward, planning.unconstrained
+    target = budget_spec.resolve(unconstrained)
+    sim_peak = planning.vg.unconstrained_peak()
+    best = chosen = None
+    effective_target = float(target)
+    tried: set = set()
+    compiled: list[tuple[Plan, Any]] = []  # every plan measured, with its executable
+
+    def record(candidate: Plan, executable_and_bytes: tuple[Any, int]) -> Plan:
+        executable, nbytes = executable_and_bytes
+        measured = dataclasses.replace(
+            candidate, budget_bytes=target, compiled_bytes=nbytes, unconstrained_compiled_bytes=unconstrained
+        )
+        compiled.append((measured, executable))
+        return measured
+
+    for _ in range(max_attempts):
+        plan = _search_simulated_budget(planning, sim_peak, effective_target, heuristic)
+        if plan is None:
+            break
+        if layout(plan) in tried:
+            break  # asking for less no longer changes the plan: nothing better to find
+        tried.add(layout(plan))
+        plan = record(plan, planning.compile([plan])[0])
+        if best is None or plan.compiled_bytes < best.compiled_bytes:
+            best = plan
+        if plan.compiled_bytes <= target:
+            chosen = plan
+            break
+        # XLA needed more than the plan's memory model predicted: plan for
+        # proportionally less.
+        effective_target *= target / plan.compiled_bytes * 0.97
+    if chosen is None and best is not None and best.compiled_bytes <= target * (1 + PLAN_SLACK):
+        chosen = best
+    if chosen is None:
+        # No plan fits: say so rather than hand back a step over the budget.
+        fixed = fixed_bytes(forward, planning.gradient_bytes)
+        needed = unconstrained if best is None else best.compiled_bytes
+        source = "the smallest checkpoint plan found" if best is not None else None
+        if implementation == "checkpoint" and jax.default_backend() == "cpu":
+            source = (
+                'the smallest plan found with implementation="checkpoint" (XLA on the CPU removes '
+                'checkpoint barriers and merges the recomputation away; use implementation="auto")'
+            )
+        raise OutOfBudgetError(
+            needed_bytes=max(needed - fixed, 0),
+            free_bytes=max(int(target) - fixed, 0),
+            pinned_bytes=fixed,
+            locked_bytes=0,
+            budget_bytes=int(target),
+            op_name="the compiled step",
+            source=source,
+        )
+    if autotune is False:
+        return chosen
+    structs = arguments.traced_specs
+    if not can_autotune(structs):
+        if autotune:  # asked for explicitly: say why it did not happen
+            warnings.warn(
+                "autotune needs example inputs and cannot make PRNG keys; the plan is chosen by memory", stacklevel=3
+            )
+        return chosen
+    # Candidates: the plans DTR makes for smaller budgets, which also fit.
+    # Coarser searches suffice for them (within 1/64 of the peak), and they
+    # are lowered first, then compiled side by side.
+    candidates = []
+    for scale in AUTOTUNE_SCALES:
+        plan = _search_simulated_budget(planning, sim_peak, effective_target * scale, heuristic, steps=6)
+        if plan is not None and layout(plan) not in tried:
+            tried.add(layout(plan))
+            candidates.append(plan)
+    uniform = uniform_plan(planning, chosen)
+    if uniform.predicted_bytes <= effective_target and layout(uniform) not in tried:
+        candidates.append(uniform)
+    for candidate, executable_and_bytes in zip(candidates, planning.compile(candidates)):
+        record(candidate, executable_and_bytes)
+    # The steps are timed on the caller's own arrays where they are concrete:
+    # example inputs would sit on the device beside them, and a candidate
+    # within the budget plus a second copy of the arguments is not (on an
+    # H100 autotuning peaked 8% over the budget that way). Under a trace
+    # there are none, so a candidate is timed only if it fits with the copy.
+    inputs = concrete_leaves(arguments, args, kwargs)
+    copies = 0
+    if inputs is None:
+        inputs = example_inputs(structs)
+        copies = sum(int(x.nbytes) for x in inputs)
+    limit = max(target, chosen.compiled_bytes)
+    fitting = [(plan, executable) for plan, executable in compiled if plan.compiled_bytes + copies <= limit]
+    if not fitting:
+        return chosen  # none can run beside the copy within the budget: chosen by memory
+    seconds = median_step_seconds([executable for _, executable in fitting], inputs)
+    # Within 2% of the fastest is a tie (timing noise): the smallest of those wins.
+    ties = [i for i, s in enumerate(seconds) if s <= min(seconds) * (1 + TIE_TOLERANCE)]
+    fastest = min(ties, key=lambda i: fitting[i][0].compiled_bytes)
+    timings = tuple(
+        Timing(plan.compiled_bytes, s, len(plan.segments), chosen=i == fastest, origin=plan.origin)
+        for i, ((plan, _), s) in enumerate(zip(fitting, seconds))
+    )
+    return dataclasses.replace(fitting[fastest][0], timings=timings)
+
+
+def _search_simulated_budget(
+    planning: Planning, sim_peak: int, target: float, heuristic, steps: int = 10
+) -> Optional[Plan]:
+    """The plan for the largest simulated budget whose predicted compiled
+    memory fits `target` (bisection: less budget, fewer values kept), flat
+    if any flat plan fits, else with nested segments.
+
+    The simulation and XLA count differently (XLA fuses, so it keeps fewer
+    and smaller residuals), so the simulated budget is searched for rather
+    than scaled: what must fit is the plan's prediction in XLA's terms.
+    """
+    smallest = None
+    for max_depth in (1, 3):  # nest segments only where no flat plan fits
+        lo, hi = 0.0, float(sim_peak)
+        fitting = None
+        for _ in range(steps):
+            mid = (lo + hi) / 2
+            plan = _plan_for(planning, max(int(mid), 1), target, heuristic, max_depth)
+            if plan is None:  # infeasible at this budget: go higher
+                lo = mid
+                continue
+            if smallest is None or plan.predicted_bytes < smallest.predicted_bytes:
+                smallest = plan
+            if plan.predicted_bytes <= target:
+                fitting, lo = plan, mid
+            else:
+                hi = mid
+        if fitting is not None:
+            return fitting
+    return smallest
+
+
+def step_of(plan: Plan, config: Config) -> Callable:
+    """The planned gradient step as a function of the traced leaves (what is compiled)."""
+    return lambda *traced: _grad_of(plan, config, traced)
+
+
+def _grad_of(plan: Plan, config: Config, traced):
+    positions = config.arguments.traced_argnums
+
+    def f(*leaves):
+        outs = run_segments(plan.program, plan.segments, leaves, config.implementation)
+        return (outs[0], outs[1:]) if config.has_aux else outs[0]
+
+    return jax.grad(f, positions, has_aux=config.has_aux)(*traced)

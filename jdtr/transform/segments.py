@@ -1,0 +1,376 @@
+"""Where a plan cuts the forward pass: checkpoint segments and what they save.
+
+A value crossing a cut becomes an input of the next segment, which JAX
+keeps for that segment's backward pass; so cuts go first where every
+crossing value is one DTR kept anyway (its persistent checkpoints), then
+where a segment's recomputation would grow too large, at the cheapest
+crossings; where no flat cut fits, segments nest. Also Chen et al.'s
+uniform segments, and the memory model every candidate is judged by.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from dataclasses import dataclass
+from typing import Optional, Sequence
+
+import jax.numpy as jnp
+import numpy as np
+
+from .program import Equation, Program, Value, definitions, last_reads
+
+
+NAME_PREFIX = "jdtr:"
+# XLA's buffer assignment is not fully predictable from the plan: a plan
+
+# --------------------------------------------------------------------- policy
+
+
+@dataclass(frozen=True)
+class SavePolicy:
+    """A `jax.checkpoint` policy: save the values named in `names`.
+
+    Frozen and hashable, so it can be passed to `jax.checkpoint`,
+    `flax.nnx.remat` and `flax.linen.remat`. `signatures` additionally saves
+    outputs of a primitive with given input shapes and dtypes: this is how a
+    plan's decisions carry over to code that does not use jdtr's names (for
+    example a Flax module wrapped in `nnx.remat(..., policy=plan.policy)`).
+    """
+
+    names: frozenset[str] = frozenset()
+    signatures: frozenset[tuple] = frozenset()
+
+    def __call__(self, prim, *avals, **params) -> bool:
+        if prim.name == "name":
+            return params.get("name") in self.names
+        if self.signatures:
+            return (prim.name, tuple((tuple(a.shape), str(a.dtype)) for a in avals)) in self.signatures
+        return False
+
+
+# ------------------------------------------------------------------- the plan
+
+
+@dataclass(frozen=True)
+class Segment:
+    """A run of forward equations wrapped in one `jax.checkpoint`."""
+
+    index: int
+    start: int  # first equation (index into the forward program's body)
+    stop: int  # one past the last
+    inputs: tuple[Value, ...]  # values it reads from earlier segments (saved for its backward)
+    outputs: tuple[Value, ...]  # values later segments or the result read
+    saved: tuple[Value, ...]  # values inside it kept for the backward pass
+    recomputed: tuple[Value, ...]  # values inside it the backward pass recomputes
+    # Nested checkpoints, in forward order (empty for a leaf). A segment with
+    # children saves nothing but its inputs; when the backward pass reaches
+    # it, it is run forward again, its children keep their own inputs and
+    # saved values, and then each child recomputes itself in turn.
+    children: tuple["Segment", ...] = ()
+
+    @property
+    def policy(self) -> SavePolicy:
+        return SavePolicy(frozenset(NAME_PREFIX + str(v.id) for v in self.saved))
+
+    @property
+    def depth(self) -> int:
+        """Levels of nesting: 1 for a leaf."""
+        return 1 + max((c.depth for c in self.children), default=0)
+
+    def leaves(self) -> tuple["Segment", ...]:
+        if not self.children:
+            return (self,)
+        return tuple(leaf for c in self.children for leaf in c.leaves())
+
+
+
+def is_float(v: Value) -> bool:
+    return _is_float_dtype(v.dtype)
+
+
+@functools.lru_cache(maxsize=None)
+def _is_float_dtype(dtype) -> bool:
+    try:
+        return bool(jnp.issubdtype(dtype, jnp.inexact))
+    except TypeError:  # extended dtypes (PRNG keys)
+        return False
+
+
+
+# -------------------------------------------------------------- segmentation
+
+
+@dataclass
+class _Crossings:
+    """Liveness of the forward body at every cut position."""
+
+    defined_at: dict
+    last_use: dict
+    live: list  # live[i]: values crossing a cut placed before item i (i = 1..n-1)
+
+
+def _crossings(program: Program) -> _Crossings:
+    body = program.body
+    defined_at, last_use = definitions(program), last_reads(program)
+    live_now: set[Value] = set()
+    live = [frozenset()]
+    for i, item in enumerate(body[:-1]):
+        live_now.update(v for v in item.outputs if last_use.get(v, -1) > i)
+        live_now = {v for v in live_now if last_use.get(v, -1) > i}
+        live.append(frozenset(live_now))
+    return _Crossings(defined_at, last_use, live)
+
+
+def _free_to_cross(v: Value, saved: set) -> bool:
+    """Crossing a cut costs nothing for saved values (and for small integer ones)."""
+    return v in saved or (not is_float(v) and v.nbytes <= 1024)
+
+
+def _cut_positions(program: Program, crossings: _Crossings, saved: set, residuals: set, cap: float) -> list[int]:
+    """DTR's persistent checkpoints as cuts, plus cuts that keep every segment's
+    recomputation under `cap` bytes (at the cheapest crossing in reach)."""
+    body = program.body
+    n = len(body)
+    cuts = [i for i in range(1, n) if all(_free_to_cross(v, saved) for v in crossings.live[i])]
+    extra = functools.lru_cache(maxsize=None)(lambda i: _crossing_bytes(crossings, i, saved))
+    result, bounds = [], [0, *cuts, n]
+    for start, stop in zip(bounds[:-1], bounds[1:]):
+        last, acc = start, 0.0
+        for i in range(start, stop):
+            acc += sum(v.nbytes for v in body[i].outputs if v in residuals and v not in saved)
+            if acc > cap and i > last:
+                best = min(range(last + 1, i + 1), key=lambda j: (extra(j), -j))
+                result.append(best)
+                last = best
+                acc = sum(v.nbytes for item in body[best : i + 1] for v in item.outputs if v in residuals and v not in saved)
+        if stop < n:
+            result.append(stop)
+    return sorted(set(result))
+
+
+def _segment(
+    program: Program, crossings: _Crossings, saved: set, residuals: set, start: int, stop: int,
+    index: int, children: tuple = (), memo: Optional[dict] = None,
+) -> Segment:
+    """The segment of equations [start, stop); with `children`, a segment that
+    saves nothing inside and nests them. `memo` caches the value lists of
+    ranges already seen (the nesting search builds the same groups often)."""
+    key = (start, stop, bool(children))
+    if memo is not None and key in memo:
+        fields = memo[key]
+    else:
+        body = program.body
+        inside = [v for item in body[start:stop] for v in item.outputs]
+        inside_set = set(inside)
+        reads = []
+        for item in body[start:stop]:
+            for v in item.args:
+                if v not in inside_set and v not in reads:
+                    reads.append(v)
+        leaving = tuple(v for v in inside if crossings.last_use.get(v, -1) >= stop)
+        kept = set() if children else saved
+        fields = (
+            tuple(reads),
+            leaving,
+            tuple(v for v in inside if v in kept and v not in leaving),
+            tuple(v for v in inside if v not in kept and v not in leaving and v in residuals),
+        )
+        if memo is not None:
+            memo[key] = fields
+    inputs, outputs, kept_inside, recomputed = fields
+    return Segment(index, start, stop, inputs, outputs, kept_inside, recomputed, tuple(children))
+
+
+def _build_segments(
+    program: Program, crossings: _Crossings, saved: set, residuals: set, cuts: Sequence[int]
+) -> tuple[Segment, ...]:
+    bounds = [0, *cuts, len(program.body)]
+    segments = []
+    for start, stop in zip(bounds[:-1], bounds[1:]):
+        if start < stop:
+            segments.append(_segment(program, crossings, saved, residuals, start, stop, len(segments)))
+    return tuple(segments)
+
+
+def _nest(
+    program: Program, crossings: _Crossings, saved: set, residuals: set, leaves: Sequence[Segment],
+    depth: int, branching: int, memo: Optional[dict] = None,
+) -> tuple[Segment, ...]:
+    """Groups consecutive `leaves` into a tree of `depth` levels in which every
+    segment holds `branching` segments of the level below (the last fewer)."""
+    level = tuple(leaves)
+    for _ in range(depth - 1):
+        groups = [level[i : i + branching] for i in range(0, len(level), branching)]
+        if len(groups) == len(level):
+            break
+        level = tuple(
+            g[0] if len(g) == 1 else _segment(program, crossings, saved, residuals, g[0].start, g[-1].stop, 0, g, memo)
+            for g in groups
+        )
+    return tuple(dataclasses.replace(seg, index=i) for i, seg in enumerate(level))
+
+
+def fixed_bytes(program: Program, gradient_bytes: int) -> int:
+    return sum(v.nbytes for v in program.inputs) + sum(v.nbytes for v, _ in program.consts) + gradient_bytes
+
+
+def _transient_bytes(seg: Segment, kept: frozenset) -> int:
+    """What a segment's backward pass holds beyond the values kept for the
+    whole step: its recomputed values, or, with children, their inputs and
+    saved values and then the largest child's own."""
+    if not seg.children:
+        return sum(v.nbytes for v in seg.recomputed)
+    inner = {v for c in seg.children for v in (*c.inputs, *c.saved)} - kept - set(seg.inputs)
+    nested = kept | inner
+    return sum(v.nbytes for v in inner) + max(_transient_bytes(c, nested) for c in seg.children)
+
+
+def predicted_bytes(program: Program, segments: Sequence[Segment], gradient_bytes: int) -> int:
+    """A model of the compiled step: arguments and gradients, every value kept
+    for the backward pass, and the largest segment's transient values."""
+    kept = frozenset(v for s in segments for v in (*s.inputs, *s.saved) if v not in program.inputs)
+    base = frozenset(program.inputs) | kept
+    transient = max((_transient_bytes(s, base) for s in segments), default=0)
+    return fixed_bytes(program, gradient_bytes) + sum(v.nbytes for v in kept) + transient
+
+
+def _recompute_cost(program: Program, seg: Segment) -> float:
+    """Compute the backward pass spends re-running `seg`: a leaf recomputes
+    what it did not save; a segment with children runs forward again first."""
+    if not seg.children:
+        recomputed = set(seg.recomputed)
+        items = program.body[seg.start : seg.stop]
+        return sum(_item_cost(item) for item in items if any(v in recomputed for v in item.outputs))
+    again = sum(_item_cost(item) for item in program.body[seg.start : seg.stop])
+    return again + sum(_recompute_cost(program, c) for c in seg.children)
+
+
+def _item_cost(item) -> float:
+    if isinstance(item, Equation):
+        return item.cost if item.cost is not None else 1.0
+    return 1.0
+
+
+def _branchings(count: int, depth: int) -> list[int]:
+    """Branching factors worth trying for `count` leaves at `depth` levels:
+    those that change the number of top-level segments."""
+    if depth == 1 or count < 4:
+        return [count]
+    found, tops_seen = [], set()
+    for b in range(2, count):
+        if b ** (depth - 2) * 2 > count:  # the level below the top would hold everything
+            break
+        tops = -(-count // b ** (depth - 1))
+        if tops not in tops_seen:
+            tops_seen.add(tops)
+            found.append(b)
+    return found
+
+
+def segments(
+    program: Program, saved: set[Value], residuals: set[Value], target_bytes: float, gradient_bytes: int,
+    max_depth: int = 1,
+) -> tuple[Segment, ...]:
+    """Cuts the forward body into checkpoint segments.
+
+    A value crossing a cut becomes an input of the next segment, which JAX
+    keeps for that segment's backward pass; so cuts go first where every
+    crossing value is one DTR kept anyway (its persistent checkpoints).
+    A segment recomputes all of its values at once when the backward pass
+    reaches it (DTR would recompute them one by one, recursively), so long
+    segments are split further, at the cheapest crossings, under a cap on a
+    segment's recomputation. Where even the best flat split does not fit,
+    segments are nested (as DTR recomputes recursively): a group of segments
+    in one outer checkpoint keeps only the group's inputs for the whole
+    step, and the inner segments' inputs only while the group's backward
+    runs, for one more forward run of the group.
+
+    Of the candidates (caps x nestings), the least predicted recompute
+    among those whose predicted memory fits the target; else the smallest.
+    """
+    crossings = _crossings(program)
+    total = sum(v.nbytes for v in residuals)
+    candidates, seen = [], set()
+    cap = float(total) + 1
+    while cap >= 1:
+        cuts = tuple(_cut_positions(program, crossings, saved, residuals, cap))
+        cap /= 2
+        if cuts in seen:
+            continue
+        seen.add(cuts)
+        leaves = _build_segments(program, crossings, saved, residuals, cuts)
+        if predicted_bytes(program, leaves, gradient_bytes) <= target_bytes:
+            return leaves  # the largest cap that fits: the fewest cuts
+        candidates.append(leaves)
+    fitting, smallest, memo = None, None, {}
+    for leaves in candidates:
+        for depth in range(2, max_depth + 1):
+            for branching in _branchings(len(leaves), depth):
+                segments = _nest(program, crossings, saved, residuals, leaves, depth, branching, memo)
+                predicted = predicted_bytes(program, segments, gradient_bytes)
+                if smallest is None or predicted < smallest[0]:
+                    smallest = (predicted, segments)
+                if predicted <= target_bytes:
+                    cost = sum(_recompute_cost(program, seg) for seg in segments)
+                    if fitting is None or cost < fitting[0]:
+                        fitting = (cost, segments)
+    flat = min(((predicted_bytes(program, c, gradient_bytes), c) for c in candidates), key=lambda c: c[0])
+    if fitting is not None:
+        return fitting[1]
+    return min(smallest, flat, key=lambda c: c[0])[1] if smallest is not None else flat[1]
+
+
+def _uniform_cuts(before: Sequence[int], crossing: Sequence[int], count: int) -> list[int]:
+    """Cuts into `count` runs of about equal residual bytes (`before[i]`: the
+    residual bytes ahead of item i), each at the cheapest crossing
+    (`crossing[i]`) within half a run of its even split point."""
+    total = before[-1]
+    if total == 0:
+        return []
+    half = total / (2 * count)
+    cuts = []
+    for j in range(1, count):
+        goal = total * j / count
+        window = [i for i in range(cuts[-1] + 1 if cuts else 1, len(before) - 1) if abs(before[i] - goal) <= half]
+        if window:
+            cuts.append(min(window, key=lambda i: (crossing[i], abs(before[i] - goal))))
+    return cuts
+
+
+def _crossing_bytes(crossings: _Crossings, i: int, saved: set) -> int:
+    """What a cut before item `i` keeps beyond `saved`: its other crossing values."""
+    return sum(v.nbytes for v in crossings.live[i] if not _free_to_cross(v, saved))
+
+
+def uniform_segments(program: Program, residuals: set[Value], gradient_bytes: int) -> tuple[Segment, ...]:
+    """Chen et al.'s checkpointing (2016) in jdtr's terms: flat segments that
+    save nothing inside, of equal residual bytes, as many as minimise the
+    predicted memory (about sqrt(N) for a chain of N layers).
+
+    Every such plan recomputes the whole forward pass once, so they differ
+    in memory only; DTR's plans recompute less but, where recomputation is
+    nearly free (XLA on the CPU fuses it into the backward pass), can take
+    longer for what they store. Autotuning times this plan beside DTR's.
+    """
+    crossings = _crossings(program)
+    before = [0]
+    for item in program.body:
+        before.append(before[-1] + sum(v.nbytes for v in item.outputs if v in residuals))
+    crossing = [0, *(_crossing_bytes(crossings, i, set()) for i in range(1, len(program.body)))]
+    memo, found = {}, []
+    limit = 2 * int(np.sqrt(len(program.body))) + 2
+    for count in range(2, max(limit, 3)):
+        cuts = _uniform_cuts(before, crossing, count)
+        bounds = [0, *cuts, len(program.body)]
+        segments = tuple(
+            _segment(program, crossings, set(), residuals, start, stop, i, memo=memo)
+            for i, (start, stop) in enumerate(zip(bounds[:-1], bounds[1:]))
+        )
+        found.append((predicted_bytes(program, segments, gradient_bytes), segments))
+    # The predicted memory is flat around its minimum (kept inputs trade
+    # against the largest recomputation); XLA's own count is lowest in the
+    # middle of that plateau, where k + N/k is (measured on chains).
+    least = min(predicted for predicted, _ in found)
+    plateau = [segments for predicted, segments in found if predicted == least]
+    return plateau[len(plateau) // 2]
