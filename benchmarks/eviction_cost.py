@@ -149,7 +149,7 @@ def run(
                  "sampled": lambda: Sampled("dtr_eq", seed=0)}[method]()  # fmt: skip
     heuristic = timed(heuristic, shadow_every)
     counters = Counters()
-    runtime = Runtime(NullBackend(), budget_bytes, heuristic=get_heuristic(heuristic), observers=[counters], remat_limit=baseline.cost)
+    runtime = Runtime(NullBackend(), budget_bytes, heuristic=heuristic, observers=[counters], remat_limit=baseline.cost)
     status = "ok"
     start = time.process_time()
     try:

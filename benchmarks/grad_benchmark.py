@@ -1,11 +1,17 @@
 """jdtr.grad against jax.grad on the reference models, side by side.
 
 For each model and budget ratio: peak/budget, evictions, rematerializations,
-overhead (cost-model units), and wall time relative to un-jitted `jax.grad`
-(op by op, like jdtr) and to `jax.jit(jax.grad)` (one fused program). Every
-timing is the median of `--repeats` runs, interleaved so that machine noise
-hits all contenders alike. Also reports the interpreter's own cost per
-equation on a model too small for compute to matter.
+overhead (cost-model units), the heuristic the plan kept, the chunks a step
+runs as, the first call's planning time and the second's chunk compilation,
+and the step time of jdtr.grad planned (compiled chunks, from the third
+call on) and online (the paper's algorithm, one equation per dispatch)
+relative to `jax.jit(jax.grad)` and to un-jitted `jax.grad`. Every timing is
+the median of `--repeats` runs, interleaved so that machine noise hits all
+contenders alike.
+
+Then a TreeLSTM (a model whose program is its input's shape): one tree run
+again and again, and a fresh tree every call (traced, planned and run step
+by step each time), against eager `jax.grad` on the same trees.
 
     python benchmarks/grad_benchmark.py --output docs/benchmarks.md
 """
@@ -16,6 +22,7 @@ import argparse
 import datetime
 import os
 import platform
+import random
 import statistics
 import sys
 import time
@@ -48,75 +55,128 @@ def machine() -> str:
     return f"{cpu}, {os.cpu_count()} cores, JAX {jax.__version__} on {device.platform} ({device.device_kind})"
 
 
-def bench_model(model, ratios, heuristic, repeats):
-    eager = jax.grad(model.loss)
-    jitted = jax.jit(jax.grad(model.loss))
-    runners = {r: jdtr.grad(model.loss, budget=r, heuristic=heuristic, return_stats=True) for r in ratios}
-    # warm up: compile everything once
-    timed(eager, model.params, model.batch)
-    timed(jitted, model.params, model.batch)
-    stats = {}
-    for r, fn in runners.items():
+def bench_model(model, ratios, repeats):
+    args = (model.params, model.batch)
+    contenders = {"eager": jax.grad(model.loss), "jit": jax.jit(jax.grad(model.loss))}
+    for r in ratios:
+        contenders[("planned", r)] = jdtr.grad(model.loss, budget=r, return_stats=True)
+        contenders[("online", r)] = jdtr.grad(model.loss, budget=r, return_stats=True, mode="online")
+    first, second, failed = {}, {}, set()
+    for name, fn in contenders.items():
         try:
-            _, (_, stats[r]) = timed(fn, model.params, model.batch)
+            _, out = timed(fn, *args)
+            if isinstance(name, tuple):
+                first[name] = out[1]
+                second[name] = timed(fn, *args)[1][1]  # compiles the plan's chunks
         except jdtr.OutOfBudgetError as err:
-            stats[r] = err
-    times = {"eager": [], "jit": [], **{r: [] for r in ratios}}
+            failed.add(name)
+            first[name] = err
+    times = {name: [] for name in contenders if name not in failed}
     for _ in range(repeats):
-        times["eager"].append(timed(eager, model.params, model.batch)[0])
-        times["jit"].append(timed(jitted, model.params, model.batch)[0])
-        for r, fn in runners.items():
-            if not isinstance(stats[r], Exception):
-                times[r].append(timed(fn, model.params, model.batch)[0])
-    med = {k: statistics.median(v) if v else float("nan") for k, v in times.items()}
+        for name in times:
+            times[name].append(timed(contenders[name], *args)[0])
+    med = {k: statistics.median(v) for k, v in times.items()}
     rows = []
     for r in ratios:
-        s = stats[r]
+        s = first[("planned", r)]
         if isinstance(s, Exception):
-            rows.append(f"| {model.name} | {r} | out of budget | | | | | |")
+            rows.append(f"| {model.name} | {r} | out of budget (suggested: {s.suggested_budget_bytes / 2**20:.1f} MiB) | | | | | | | | | |")
             continue
+        c = second[("planned", r)]
+        online = f"{med[('online', r)] / med['jit']:.2f}" if ("online", r) in med else "out of budget"
         rows.append(
             f"| {model.name} | {r} | {s.peak_bytes / s.budget_bytes:.3f} ({s.peak_bytes / 2**20:.1f} / {s.budget_bytes / 2**20:.1f} MiB) "
-            f"| {s.evictions} | {s.rematerializations} | {s.overhead:.3f} | {med[r] / med['eager']:.2f} | {med[r] / med['jit']:.2f} |"
+            f"| {s.evictions} | {s.rematerializations} | {s.overhead:.3f} | {s.heuristic} | {c.chunks} / {s.chunks} "
+            f"| {s.planning_time_s:.2f} / {c.planning_time_s:.2f} | {med[('planned', r)] / med['jit']:.2f} | {online} "
+            f"| {med[('planned', r)] / med['eager']:.2f} |"
         )
-    baseline = f"| {model.name} | eager jax.grad {med['eager'] * 1e3:.1f} ms, jax.jit(jax.grad) {med['jit'] * 1e3:.1f} ms, {stats[ratios[0]].equations if not isinstance(stats[ratios[0]], Exception) else '?'} equations |"
+    equations = next((s.equations for s in first.values() if not isinstance(s, Exception)), "?")
+    baseline = f"| {model.name} | eager jax.grad {med['eager'] * 1e3:.1f} ms, jax.jit(jax.grad) {med['jit'] * 1e3:.1f} ms, {equations} equations |"
     return rows, baseline
 
 
-def per_equation_cost(repeats):
-    """µs per equation where compute is negligible: a 64-layer, width-8 MLP."""
-    model = models.mlp_chain(layers=64, width=8, batch=64)
-    eager = jax.grad(model.loss)
-    fn = jdtr.grad(model.loss, budget=1.0, return_stats=True)
-    low = jdtr.grad(model.loss, budget=0.5, return_stats=True)
-    timed(eager, model.params, model.batch)
-    _, (_, stats) = timed(fn, model.params, model.batch)
-    _, (_, low_stats) = timed(low, model.params, model.batch)
-    t_eager, t_jdtr, t_low = [], [], []
+# ---------------------------------------------------------------- TreeLSTM
+
+
+def random_tree(rng: random.Random, leaves: int):
+    """A random binary tree over `leaves` token positions, as nested tuples of ints."""
+    nodes = list(range(leaves))
+    while len(nodes) > 1:
+        i = rng.randrange(len(nodes) - 1)
+        nodes[i : i + 2] = [(nodes[i], nodes[i + 1])]
+    return nodes[0]
+
+
+def tree_lstm(hidden: int, features: int, batch: int, leaves: int, seed: int = 0):
+    """A child-sum-free binary TreeLSTM (Tai et al. 2015, N-ary form): the
+    program is the tree, passed as a static argument."""
+    keys = jax.random.split(jax.random.PRNGKey(seed), 4)
+    params = {
+        "w_leaf": jax.random.normal(keys[0], (features, 2 * hidden)) / jnp.sqrt(features),
+        "w_node": jax.random.normal(keys[1], (2 * hidden, 5 * hidden)) / jnp.sqrt(2 * hidden),
+        "b_node": jnp.zeros((5 * hidden,)),
+        "w_out": jax.random.normal(keys[2], (hidden, 1)) / jnp.sqrt(hidden),
+    }
+    tokens = jax.random.normal(keys[3], (leaves, batch, features))
+
+    def loss(params, tokens, tree):
+        def node(t):
+            if isinstance(t, int):
+                h, c = jnp.split(jnp.tanh(tokens[t] @ params["w_leaf"]), 2, axis=-1)
+                return h, c
+            (hl, cl), (hr, cr) = node(t[0]), node(t[1])
+            gates = jnp.concatenate([hl, hr], axis=-1) @ params["w_node"] + params["b_node"]
+            i, fl, fr, o, u = jnp.split(gates, 5, axis=-1)
+            c = jax.nn.sigmoid(i) * jnp.tanh(u) + jax.nn.sigmoid(fl) * cl + jax.nn.sigmoid(fr) * cr
+            return jax.nn.sigmoid(o) * jnp.tanh(c), c
+
+        h, _ = node(tree)
+        return jnp.mean((h @ params["w_out"]) ** 2)
+
+    return loss, params, tokens
+
+
+def bench_tree_lstm(repeats: int, leaves: int = 44, hidden: int = 256, features: int = 64, batch: int = 32):
+    loss, params, tokens = tree_lstm(hidden, features, batch, leaves)
+    rng = random.Random(0)
+    eager = jax.grad(loss)
+    fixed = random_tree(rng, leaves)
+    repeated = jdtr.grad(loss, budget=0.5, return_stats=True)
+    fresh = jdtr.grad(loss, budget=0.5, return_stats=True)
+    warm = random_tree(rng, leaves)
+    for _ in range(3):  # trace, plan, compile the repeated tree's chunks; compile the cells' executables
+        timed(repeated, params, tokens, fixed)
+    timed(fresh, params, tokens, warm)
+    timed(eager, params, tokens, fixed)
+    t_eager_fixed, t_repeated, t_eager_fresh, t_fresh, stats = [], [], [], [], []
     for _ in range(repeats):
-        t_eager.append(timed(eager, model.params, model.batch)[0])
-        t_jdtr.append(timed(fn, model.params, model.batch)[0])
-        t_low.append(timed(low, model.params, model.batch)[0])
-    n = stats.equations
-    ops_low = n + low_stats.rematerializations
-    return (
-        statistics.median(t_jdtr) / n * 1e6,
-        statistics.median(t_eager) / n * 1e6,
-        statistics.median(t_low) / ops_low * 1e6,
-        n,
-    )
+        tree = random_tree(rng, leaves)
+        t_eager_fixed.append(timed(eager, params, tokens, fixed)[0])
+        t_repeated.append(timed(repeated, params, tokens, fixed)[0])
+        t_eager_fresh.append(timed(eager, params, tokens, tree)[0])
+        elapsed, (_, s) = timed(fresh, params, tokens, tree)
+        t_fresh.append(elapsed)
+        stats.append(s)
+    _, (_, s_fixed) = timed(repeated, params, tokens, fixed)
+    med = statistics.median
+    return [
+        f"| TreeLSTM, one tree repeated | {s_fixed.execution}, {s_fixed.chunks} dispatches, {s_fixed.evictions} evictions, overhead {s_fixed.overhead:.3f} "
+        f"| {med(t_repeated) * 1e3:.1f} ms | {med(t_eager_fixed) * 1e3:.1f} ms | {med(t_repeated) / med(t_eager_fixed):.2f} |",
+        f"| TreeLSTM, a fresh tree each call | {stats[-1].execution}; trace {med([s.trace_time_s for s in stats]):.2f} s, plan {med([s.planning_time_s for s in stats]):.2f} s "
+        f"| {med(t_fresh) * 1e3:.1f} ms | {med(t_eager_fresh) * 1e3:.1f} ms | {med(t_fresh) / med(t_eager_fresh):.2f} |",
+    ]
 
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--repeats", type=int, default=5)
-    parser.add_argument("--heuristic", default="dtr_eq")
     parser.add_argument("--ratios", type=float, nargs="+", default=[1.0, 0.5, 0.3])
-    parser.add_argument("--output", help="write the markdown report here")
+    parser.add_argument("--output", help="append the markdown report here")
     parser.add_argument("--small", action="store_true", help="small models (a quick check)")
     args = parser.parse_args(argv)
     if args.small:
         suite = [models.mlp_chain(16, 64, 256), models.rnn(16, 32, 8, 64)]
+        tree = dict(leaves=8, hidden=32, features=8, batch=4)
     else:
         suite = [
             models.mlp_chain(layers=64, width=256, batch=2048),
@@ -124,24 +184,30 @@ def main(argv=None):
             models.transformer(blocks=4, dim=128, heads=4, seq=128, batch=8, vocab=256),
             models.rnn(steps=64, hidden=256, features=64, batch=256),
         ]
+        tree = {}
     lines = [
-        "| model | budget ratio | peak/budget | evictions | rematerializations | overhead | time / eager jax.grad | time / jit(jax.grad) |",
-        "|---|---|---|---|---|---|---|---|",
+        "| model | budget ratio | peak/budget | evictions | rematerializations | overhead | heuristic kept | chunks / steps "
+        "| planning s / compile s | planned / jit | online / jit | planned / eager |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     baselines = []
     for model in suite:
         print(f"benchmarking {model.name} ...", file=sys.stderr)
-        rows, baseline = bench_model(model, args.ratios, args.heuristic, args.repeats)
+        rows, baseline = bench_model(model, args.ratios, args.repeats)
         lines += rows
         baselines.append(baseline)
         print("\n".join(rows), file=sys.stderr)
-    us_jdtr, us_eager, us_low, n = per_equation_cost(args.repeats)
+    print("benchmarking the TreeLSTM ...", file=sys.stderr)
+    trees = bench_tree_lstm(args.repeats, **tree)
     report = "\n".join(
         [
-            f"### jdtr.grad ({args.heuristic}), {datetime.date.today().isoformat()}",
+            f"### jdtr.grad planned (heuristic=\"auto\"), {datetime.date.today().isoformat()}",
             "",
-            f"Machine: {machine()}. Median of {args.repeats} interleaved runs; overhead in cost-model units "
-            "((base + remat) / base); times relative to un-jitted `jax.grad` and `jax.jit(jax.grad)` measured in the same run.",
+            f"Machine: {machine()}. Median of {args.repeats} interleaved runs. Overhead in cost-model units "
+            "((base + remat) / base). \"chunks / steps\": dispatches of a compiled step / of the plan's first, step-by-step run. "
+            "\"planning s / compile s\": the first call's simulations / the second call's cutting and compiling of chunks. "
+            "Times relative to `jax.jit(jax.grad)` and un-jitted `jax.grad`, measured in the same run; \"online\" is "
+            "`mode=\"online\"` (the paper's algorithm, one equation per dispatch).",
             "",
             *lines,
             "",
@@ -149,9 +215,9 @@ def main(argv=None):
             "|---|---|",
             *baselines,
             "",
-            f"Interpreter cost on a 64-layer width-8 MLP, batch 64 ({n} equations, compute negligible): "
-            f"**{us_jdtr:.1f} µs per equation** at budget 1.0 (un-jitted jax.grad: {us_eager:.1f} µs per equation of the same program), "
-            f"{us_low:.1f} µs per executed operator at budget 0.5 (evictions and rematerializations included).",
+            "| TreeLSTM at budget 0.5 | jdtr | jdtr.grad | eager jax.grad | ratio |",
+            "|---|---|---|---|---|",
+            *trees,
             "",
         ]
     )

@@ -1,5 +1,8 @@
 """Reference models in plain JAX, shared by tests, benchmarks and notebooks.
 
+Layer 0 of docs/design.md's map: public, for users to try jdtr on, but not
+part of the library's machinery (nothing under `jdtr/` imports it).
+
 Each factory returns a `Model`: a scalar loss `loss(params, batch)`, and
 initial params and a batch built from a seed. Sizes are arguments, so tests
 use small ones and benchmarks large ones.

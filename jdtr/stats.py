@@ -34,6 +34,13 @@ class Stats:
       cache_hit: whether the traced program came from the cache.
       live_peak_bytes: with `debug=True`, the peak summed over `jax.live_arrays()`.
       timeline: with `timeline=True`, the residency events of the run.
+      execution: how the run went: "chunks" (a plan made before the run,
+        as compiled chunks), "steps" (a plan, one equation per dispatch: a
+        plan's first run) or "online" (DTR deciding as it ran).
+      chunks: dispatches the run made: compiled chunks, or equations run
+        one at a time (rematerializations included).
+      planning_time_s: time spent planning the run (simulating candidates,
+        cutting and compiling chunks); 0 when all of it was cached.
     """
 
     budget_bytes: int
@@ -53,6 +60,9 @@ class Stats:
     heuristic: str
     dealloc: str
     live_peak_bytes: Optional[int] = None
+    execution: str = "online"
+    chunks: int = 0
+    planning_time_s: float = 0.0
     timeline: Optional[tuple[TimelineEvent, ...]] = field(default=None, repr=False)
 
     def summary(self) -> str:

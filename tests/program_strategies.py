@@ -1112,6 +1112,7 @@ def check_run(
     kwargs: Optional[dict] = None,
     cost_model: Optional[str] = None,
     log_dir: Optional[str] = None,
+    chunks: str = "never",
 ) -> Optional[Any]:
     """Runs `jdtr.value_and_grad(fun)` once under `budget` and checks it.
 
@@ -1129,7 +1130,8 @@ def check_run(
     the unconstrained peak, for budgets given in bytes. With `log_dir`, the
     run also writes its operator log there, and `jdtr.simulate` replaying it
     must take the same decisions (one runtime, two backends; see
-    `check_replay`).
+    `check_replay`). `chunks` is `jdtr.grad`'s: "auto" runs the repeat as
+    compiled chunks (a compilation per chunk: the callers pick few runs).
 
     Returns the run's `jdtr.Stats`, or None if it was out of budget.
     """
@@ -1139,7 +1141,7 @@ def check_run(
     log = None if log_dir is None else os.path.join(log_dir, "run.log")
     wrapped = jdtr.value_and_grad(
         fun, argnums, has_aux, budget=budget, heuristic=heuristic, dealloc=dealloc, cost_model=cost_model,
-        return_stats=True, debug=True, timeline=repeat or log is not None, log=log,
+        return_stats=True, debug=True, timeline=repeat or log is not None, log=log, chunks=chunks,
     )
     before = live_array_ids()
     calls = RECORD.calls

@@ -176,7 +176,7 @@ def test_operator_failing_at_any_point_of_the_run(when, error, monkeypatch):
     first runs and replays alike: in a rematerialization, a nested one, and
     in the final rematerialization of the outputs."""
     params, x = make_args()
-    f = jdtr.grad(chain, budget=BUDGET, return_stats=True)
+    f = jdtr.grad(chain, budget=BUDGET, return_stats=True, mode="online")  # the backend is the online runtime's
     total, replays, stats = count_computes(f, (params, x), monkeypatch)
     assert stats.rematerializations > 0 and replays
     points = sorted({1, 2, total // 2, replays[0], replays[len(replays) // 2], replays[-1], total})
@@ -202,7 +202,7 @@ def test_operator_failing_at_any_point_of_the_run(when, error, monkeypatch):
 
 def test_keyboard_interrupt_between_equations(monkeypatch):
     params, x = make_args()
-    f = jdtr.grad(chain, budget=BUDGET, return_stats=True)
+    f = jdtr.grad(chain, budget=BUDGET, return_stats=True, mode="online")
     _, stats = f(params, x)
     equations = stats.equations
     original = Runtime.call

@@ -179,5 +179,5 @@ def test_no_attribute_of_jdtr_shadows_a_subpackage():
 
 
 def test_the_log_format_is_exported_by_its_new_name():
-    assert jdtr.trace.__module__ == "jdtr.transform.grad" and callable(jdtr.trace)
+    assert jdtr.trace.__module__ == "jdtr.transform.gradients" and callable(jdtr.trace)
     assert jdtr.Trace is jdtr.oplog.Trace and jdtr.TraceRecorder is jdtr.oplog.TraceRecorder

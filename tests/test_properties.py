@@ -71,8 +71,11 @@ def check_program(program, configs):
             budget = peak if low is None else low + int(config.budget * (peak - low))
             note(f"smallest budget found: {low} bytes of {peak}; running at {budget}")
         with tempfile.TemporaryDirectory() as log_dir:
+            # The repeat runs as compiled chunks for one heuristic of the portfolio (compiling is the slow part).
+            chunks = "auto" if config.heuristic in ("estar", "lookahead") else "never"
             runs.append(check_run(fun, args, expected, budget=budget, heuristic=config.heuristic, dealloc=config.dealloc,
-                                  cost_model=config.cost_model, repeat=True, peak=peak, log_dir=log_dir, **common))
+                                  cost_model=config.cost_model, repeat=True, peak=peak, log_dir=log_dir, chunks=chunks,
+                                  **common))
     return runs
 
 

@@ -1,7 +1,9 @@
 """DTR decided before a run: the one simulation driver, and the optimum.
 
 `driver` runs a program on the DTR runtime with no buffers under a budget
-and measures the run (`SimResult`); `optimal` solves Checkmate's MILP on an
+and measures the run (`SimResult`); `straightline` writes such a run down
+as the computations and frees it asked for (`StraightLine`), which
+`jdtr.grad` replays on device buffers; `optimal` solves Checkmate's MILP on an
 operator log, the least compute any schedule needs. Both are what a planner
 needs before any device work: `jdtr.simulator` (operator logs) and
 `jdtr.transform` (traced JAX programs) call them, and never each other.
@@ -14,6 +16,10 @@ from .driver import as_trace as as_trace
 from .driver import log_workload as log_workload
 from .driver import run as run
 from .driver import run_baseline as run_baseline
+from .straightline import Compute as Compute
+from .straightline import Free as Free
+from .straightline import RecordingBackend as RecordingBackend
+from .straightline import StraightLine as StraightLine
 from .optimal import METHODS as METHODS
 from .optimal import MILP_MAX_BINARIES as MILP_MAX_BINARIES
 from .optimal import CheckmateGraph as CheckmateGraph
@@ -25,10 +31,14 @@ from .optimal import optimal as optimal
 __all__ = [
     "Baseline",
     "CheckmateGraph",
+    "Compute",
+    "Free",
     "METHODS",
     "MILP_MAX_BINARIES",
     "OptimalResult",
+    "RecordingBackend",
     "SimResult",
+    "StraightLine",
     "Workload",
     "as_trace",
     "checkmate_graph",

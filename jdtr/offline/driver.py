@@ -23,10 +23,11 @@ from __future__ import annotations
 
 import math
 import os
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass, field
+from dataclasses import fields as dataclass_fields
 from typing import Any, Callable, Optional, Sequence, Union
 
-from ..runtime import Counters, Heuristic, NullBackend, Observer, OutOfBudgetError, Runtime, ThrashError, get_heuristic
+from ..runtime import Backend, Counters, Heuristic, NullBackend, Observer, OutOfBudgetError, Runtime, ThrashError, get_heuristic
 from ..oplog import Program, Trace, replay
 
 STATUSES = ("ok", "oom", "thrash")
@@ -60,6 +61,7 @@ class SimResult:
       heuristic: the heuristic's name.
       dealloc: the deallocation policy.
       message: why the run failed, when it did.
+      error: the error the run stopped with, when it did (not in `to_dict`).
     """
 
     status: str
@@ -79,6 +81,7 @@ class SimResult:
     heuristic: str
     dealloc: str
     message: Optional[str] = None
+    error: Optional[Exception] = field(default=None, repr=False, compare=False)
 
     @property
     def ok(self) -> bool:
@@ -91,7 +94,8 @@ class SimResult:
 
     def to_dict(self) -> dict[str, Any]:
         """The fields and `budget_ratio`, for JSON."""
-        return {**asdict(self), "budget_ratio": self.budget_ratio}
+        fields = {f.name: getattr(self, f.name) for f in dataclass_fields(self) if f.name != "error"}
+        return {**fields, "budget_ratio": self.budget_ratio}
 
 
 @dataclass(frozen=True)
@@ -155,29 +159,32 @@ def run(
     dealloc: str = "eager",
     overhead_limit: Optional[float] = 2.0,
     observers: Sequence[Observer] = (),
+    backend: Optional[Backend] = None,
 ) -> SimResult:
     """One run of `workload` under `budget_bytes`, measured against its baseline.
 
     Running out of memory or thrashing is a result (its `status`), not an error.
+    `backend` stands in for the buffers (none by default; a
+    `jdtr.offline.RecordingBackend` writes the run down as a straight line).
     """
     baseline = workload.baseline
     counters = Counters()
     remat_limit = None if overhead_limit is None else baseline.cost * (overhead_limit - 1.0)
     runtime = Runtime(
-        NullBackend(),
+        NullBackend() if backend is None else backend,
         budget_bytes,
         heuristic=get_heuristic(heuristic),
         dealloc=dealloc,
         observers=[counters, *observers],
         remat_limit=remat_limit,
     )
-    status, message = "ok", None
+    status, message, error = "ok", None, None
     try:
         workload.play(runtime)
-    except OutOfBudgetError as err:
-        status, message = "oom", str(err)
-    except ThrashError as err:
-        status, message = "thrash", str(err)
+    except (OutOfBudgetError, ThrashError) as err:
+        # Without its traceback: the frames it holds (the caller's among them,
+        # through `f_back`) would keep the caller's arrays alive in a cycle.
+        status, message, error = ("oom" if isinstance(err, OutOfBudgetError) else "thrash"), str(err), err.with_traceback(None)
     overhead = None
     if status == "ok":
         overhead = runtime.clock / baseline.cost if baseline.cost > 0 else 1.0
@@ -196,4 +203,5 @@ def run(
         heuristic=runtime.heuristic.name,
         dealloc=dealloc,
         message=message,
+        error=error,
     )

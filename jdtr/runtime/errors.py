@@ -28,7 +28,11 @@ class OutOfBudgetError(MemoryError):
       budget_bytes: the budget.
       op_name: the primitive that did not fit.
       source: the user's source line of that primitive, when known.
+      suggested_budget_bytes: where a planner searched for one, a budget
+        it verified in simulation that the same run fits; None otherwise.
     """
+
+    suggested_budget_bytes: Optional[int] = None
 
     def __init__(
         self,
@@ -55,3 +59,12 @@ class OutOfBudgetError(MemoryError):
             f"effects) and {format_bytes(locked_bytes)} is locked by the operation in flight. "
             f"Raise the budget to at least about {format_bytes(pinned_bytes + locked_bytes + needed_bytes)}."
         )
+
+    def suggest(self, budget_bytes: int) -> "OutOfBudgetError":
+        """Adds a budget verified to fit (`suggested_budget_bytes`) to the error and its message."""
+        self.suggested_budget_bytes = int(budget_bytes)
+        self.args = (
+            f"{self.args[0]} A budget of {format_bytes(budget_bytes)} ({int(budget_bytes)} bytes) fits: "
+            "it was verified by simulating the run.",
+        )
+        return self

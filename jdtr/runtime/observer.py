@@ -52,6 +52,7 @@ class Counters(Observer):
     dealloc_evictions: int = 0  # eager evictions of dead storages
     banishments: int = 0
     rematerializations: int = 0  # operator replays
+    computations: int = 0  # operator runs, first and replayed
     base_cost: float = 0.0
     remat_cost: float = 0.0
     pinned_bytes: int = 0
@@ -64,6 +65,7 @@ class Counters(Observer):
             self.peak_bytes = memory
 
     def on_compute(self, op, cost, rematerialization, clock):
+        self.computations += 1
         if rematerialization:
             self.rematerializations += 1
             self.remat_cost += cost

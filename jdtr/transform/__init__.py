@@ -6,7 +6,10 @@ Modules, by the path a call takes:
 * `normalize`, `program`, `executable`, `costs`: a jaxpr made a `Program`
   of equations DTR can run, each a compiled executable with a cost;
 * `interpreter`: runs a program on the runtime (device buffers, or none in
-  simulation); `grad`: `jdtr.grad`, `jdtr.value_and_grad`, `jdtr.trace`;
+  simulation: online runs, and the planner's simulations);
+* `planner`, `executor`, `chunks`: a run decided before it starts, run
+  step by step or as compiled chunks;
+* `gradients`: `jdtr.grad`, `jdtr.value_and_grad`, `jdtr.trace`;
 * `segments`, `checkpoint`, `checkpoint_plan`, `compiled`, `autotune`,
   `planning`, `remat`: `jdtr.plan` and `jdtr.remat_grad`.
 
@@ -15,11 +18,11 @@ Every touch of JAX's internals goes through `_jax_core`.
 
 from .costs import OpInfo as OpInfo
 from .costs import RooflineCostModel as RooflineCostModel
-from .grad import grad as grad
-from .grad import value_and_grad as value_and_grad
+from .gradients import grad as grad
+from .gradients import value_and_grad as value_and_grad
 from .normalize import normalize as normalize
 from .checkpoint_plan import Plan as Plan
-from .grad import trace as trace
+from .gradients import trace as trace
 from .program import Program as Program
 from .remat import plan as plan
 from .remat import remat_grad as remat_grad

@@ -192,17 +192,26 @@ class Interpreter:
 
 
 def workload(
-    program: Program, owned: Optional[Sequence[bool]] = None, recorder: Optional[TraceRecorder] = None
+    program: Program,
+    owned: Optional[Sequence[bool]] = None,
+    recorder: Optional[TraceRecorder] = None,
+    arguments: Optional[Sequence[Any]] = None,
+    returned: Optional[list] = None,
 ) -> Workload:
     """`program` for the simulation driver (`jdtr.offline.run`): interpreted
     with no buffers, each `cond` by its largest branch. `owned` marks the
     arguments the run may free (all of them by default; the caller's own
-    outlive it). A `recorder` writes down what the program asks of the runtime."""
-    arguments = [None] * len(program.inputs)
+    outlive it). A `recorder` writes down what the program asks of the runtime.
+    `arguments` stand for the argument buffers (None each by default); the
+    buffers the run returns are appended to `returned`, if given."""
+    arguments = [None] * len(program.inputs) if arguments is None else list(arguments)
     owned = [True] * len(program.inputs) if owned is None else list(owned)
 
     def play(runtime: Runtime) -> None:
-        Interpreter(runtime, choose_branch=Cond.largest_branch, recorder=recorder).run(program, arguments, owned)
+        interpreter = Interpreter(runtime, choose_branch=Cond.largest_branch, recorder=recorder)
+        outputs = interpreter.run(program, arguments, owned)
+        if returned is not None:
+            returned.extend(outputs)
 
     held = sum(v.nbytes for v in program.inputs) + sum(v.nbytes for v, _ in program.consts)
     baseline = Baseline(peak_bytes=program.unconstrained_peak(), cost=program.simulated_cost())

@@ -5,9 +5,18 @@ argument structure (treedef, shapes, dtypes, static values) and normalised
 to a `Program`; later calls with the same structure reuse it, so a dynamic
 model re-traces only when its structure changes.
 
-Running: a fresh DTR runtime per call executes the program eagerly on the
-device, evicting and rematerializing to keep every byte it holds
-(arguments, constants, intermediates, outputs) within the budget.
+Planning: DTR is simulated on the traced program under the budget before
+any device work (`planner.py`; a portfolio of heuristics by default), and
+the decisions, a straight line of computations and frees, are cached per
+structure and budget. A call runs them step by step the first time and, from
+the next call on, as compiled chunks (`chunks.py`): one XLA program per run
+of steps, within the budget by XLA's own memory analysis.
+
+Running online (`mode="online"`, and where no plan can be made before the
+run: a data-dependent `cond`, costs measured at run time): a fresh DTR
+runtime per call executes the program eagerly on the device, deciding as it
+goes, the paper's algorithm. Either way every byte the run holds
+(arguments, constants, intermediates, outputs) stays within the budget.
 
 Logging: `log=path`, and `jdtr.trace`, write down what the program asks of
 the runtime as an operator log in the DTR prototype's format, which
@@ -19,9 +28,11 @@ from __future__ import annotations
 import functools
 import math
 import os
+import threading
 import time
 import weakref
-from dataclasses import dataclass
+from collections import OrderedDict
+from dataclasses import dataclass, field
 from typing import Any, Callable, Hashable, Optional, Sequence, Union
 
 import jax
@@ -44,10 +55,18 @@ from ..oplog import Trace, TraceRecorder
 from . import _jax_core
 from .costs import MEASURED, NANOSECOND, CostModel, check_cost_model
 from .arguments import Arguments, Static, argnums_tuple, flatten_arguments
+from .chunks import cut, count_chunks
 from .executable import assign_workspaces
+from .executor import Execution, slot_avals
 from .interpreter import Interpreter, JaxBackend, LiveArrayCheck, workload
 from .normalize import normalize
+from .planner import AUTO, PlannedRun, observe, plan_run, plannable
 from .program import Program
+
+MODES = ("planned", "online")
+CHUNK_POLICIES = ("auto", "always", "never")
+# Plans kept per traced structure (budgets, heuristics, owned arguments), least recently used first out.
+MAX_PLANS_PER_TRACE = 8
 
 
 @dataclass
@@ -58,6 +77,22 @@ class Traced:
     out_tree: Any
     unconstrained_peak: int
     trace_time_s: float
+    plans: "OrderedDict[Hashable, PlannedRun]" = field(default_factory=OrderedDict, repr=False)
+    lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+    def plan(self, key: Hashable, make: Callable[[], PlannedRun]) -> tuple[PlannedRun, bool]:
+        """The cached plan for `key`, made if there is none; and whether it was cached."""
+        with self.lock:
+            found = self.plans.get(key)
+            if found is not None:
+                self.plans.move_to_end(key)
+                return found, True
+        made = make()
+        with self.lock:
+            self.plans[key] = made
+            while len(self.plans) > MAX_PLANS_PER_TRACE:
+                self.plans.popitem(last=False)
+        return made, False
 
 
 _TRACES: "weakref.WeakKeyDictionary[Callable, dict]" = weakref.WeakKeyDictionary()
@@ -92,6 +127,8 @@ class _ValueAndGrad:
     timeline: bool
     value: bool
     log: "Optional[str | os.PathLike[str]]" = None
+    mode: str = "planned"
+    chunks: str = "auto"
 
     def __post_init__(self) -> None:
         self.argnum_tuple = argnums_tuple(self.argnums)
@@ -115,10 +152,9 @@ class _ValueAndGrad:
 
     def __call__(self, *args, **kwargs):
         traced, inputs, owned, cache_hit = self._prepare(args, kwargs)
-        recorder = TraceRecorder() if self.log is not None else None
-        outputs, stats = self._run(traced, inputs, owned, cache_hit, recorder)
-        if recorder is not None:
-            recorder.trace().to_log(self.log)
+        outputs, stats, log = self._run(traced, inputs, owned, cache_hit)
+        if log is not None:
+            log.to_log(self.log)
         value_and_grads = jax.tree_util.tree_unflatten(traced.out_tree, outputs)
         result = self._shape_result(value_and_grads)
         return (result, stats) if self.return_stats else result
@@ -162,18 +198,14 @@ class _ValueAndGrad:
             return grads, value[1]
         return grads
 
-    def _run(
-        self,
-        traced: Traced,
-        inputs: list,
-        owned: list,
-        cache_hit: bool,
-        recorder: Optional[TraceRecorder] = None,
-    ):
+    def _run(self, traced: Traced, inputs: list, owned: list, cache_hit: bool):
+        """Runs the program on `inputs` within the budget: returns the outputs,
+        the `Stats` and, with `log=`, the operator log to write."""
         program = traced.program
         budget_bytes = self.budget.resolve(traced.unconstrained_peak)
+        run = self._planned if self.mode == "planned" and plannable(program) else self._online
         held = sum(v.nbytes for v in program.inputs) + sum(v.nbytes for v, _ in program.consts)
-        if held > budget_bytes:
+        if held > budget_bytes and run == self._online:  # a plan says so itself, with a budget that fits
             raise OutOfBudgetError(
                 needed_bytes=held,
                 free_bytes=budget_bytes,
@@ -186,45 +218,87 @@ class _ValueAndGrad:
         check = None
         if self.debug:
             check = LiveArrayCheck(budget_bytes, [*inputs, *(a for _, a in program.consts)])
+        try:
+            outputs, report, log = run(traced, budget_bytes, inputs, owned, check)
+        finally:
+            if check is not None:
+                check.release()
+        stats = Stats(
+            **report,
+            budget_bytes=budget_bytes,
+            unconstrained_peak_bytes=traced.unconstrained_peak,
+            trace_time_s=0.0 if cache_hit else traced.trace_time_s,
+            equations=program.num_equations,
+            cache_hit=cache_hit,
+            dealloc=self.dealloc,
+            live_peak_bytes=check.peak_bytes if check is not None else None,
+        )
+        return outputs, stats, log
+
+    def _planned(self, traced: Traced, budget_bytes: int, inputs: list, owned: list, check):
+        """Runs the cached plan for this budget (made first if there is none)."""
+        program = traced.program
+        key = (budget_bytes, self.heuristic if isinstance(self.heuristic, str) else id(self.heuristic), self.dealloc, tuple(owned))
+        plan, planned_before = traced.plan(key, lambda: plan_run(program, budget_bytes, self.heuristic, self.dealloc, owned))
+        planning = 0.0 if planned_before else plan.planning_time_s
+        if self.timeline or self.log is not None:
+            observe(plan, program, owned, self.dealloc, self.timeline, self.log is not None)
+        compiled = self.chunks == "always" or (self.chunks == "auto" and plan.executions > 0)
+        if compiled and plan.compiled is None:
+            start = time.perf_counter()
+            plan.compiled = cut(plan.line, slot_avals(plan.line, program), budget_bytes)
+            planning += time.perf_counter() - start
+        start = time.perf_counter()
+        execution = Execution(plan.line, inputs, owned, check)
+        if compiled:
+            outputs, dispatches = execution.chunks(plan.compiled), count_chunks(plan.compiled)
+        else:
+            outputs, dispatches = execution.steps(), plan.line.computations
+        jax.block_until_ready(outputs)
+        plan.executions += 1
+        report = _report(plan.counters, plan.heuristic, time.perf_counter() - start, self.timeline and plan.timeline)
+        report.update(chunks=dispatches, planning_time_s=planning, execution="chunks" if compiled else "steps")
+        return outputs, report, plan.log if self.log is not None else None
+
+    def _online(self, traced: Traced, budget_bytes: int, inputs: list, owned: list, check):
+        """Runs the program with DTR deciding as it goes (the paper's algorithm)."""
+        program = traced.program
+        recorder = TraceRecorder() if self.log is not None else None
         counters = Counters()
         observers: list = [counters]
         timeline = Timeline() if self.timeline else None
         if timeline is not None:
             observers.append(timeline)
+        held = sum(v.nbytes for v in program.inputs) + sum(v.nbytes for v, _ in program.consts)
         runtime = Runtime(
             JaxBackend(measure=self.cost_model == MEASURED, after_compute=check),
             budget_bytes,
-            heuristic=get_heuristic(self.heuristic),
+            heuristic=get_heuristic(DEFAULT_HEURISTIC if self.heuristic == AUTO else self.heuristic),
             dealloc=self.dealloc,
             observers=observers,
             device_bytes=_device_bytes(inputs, held),
         )
         start = time.perf_counter()
-        try:
-            outputs = Interpreter(runtime, recorder=recorder).run(program, inputs, owned)
-            jax.block_until_ready(outputs)
-        finally:
-            if check is not None:
-                check.release()
-        wall = time.perf_counter() - start
-        stats = Stats(
-            **counters.totals(),
-            budget_bytes=budget_bytes,
-            unconstrained_peak_bytes=traced.unconstrained_peak,
-            pinned_bytes=counters.pinned_bytes,
-            base_cost=counters.base_cost * NANOSECOND,
-            remat_cost=counters.remat_cost * NANOSECOND,
-            overhead=counters.overhead,
-            wall_time_s=wall,
-            trace_time_s=0.0 if cache_hit else traced.trace_time_s,
-            equations=program.num_equations,
-            cache_hit=cache_hit,
-            heuristic=runtime.heuristic.name,
-            dealloc=self.dealloc,
-            live_peak_bytes=check.peak_bytes if check is not None else None,
-            timeline=tuple(timeline.events) if timeline is not None else None,
-        )
-        return outputs, stats
+        outputs = Interpreter(runtime, recorder=recorder).run(program, inputs, owned)
+        jax.block_until_ready(outputs)
+        events = tuple(timeline.events) if timeline is not None else None
+        report = _report(counters, runtime.heuristic.name, time.perf_counter() - start, events)
+        report.update(chunks=counters.computations, planning_time_s=0.0, execution="online")
+        return outputs, report, recorder.trace() if recorder is not None else None
+
+
+def _report(counters: Counters, heuristic: str, wall_time_s: float, timeline) -> dict[str, Any]:
+    """The `Stats` fields a run's counters give (planned or online alike)."""
+    return dict(
+        **counters.totals(),
+        pinned_bytes=counters.pinned_bytes,
+        base_cost=counters.base_cost * NANOSECOND,
+        remat_cost=counters.remat_cost * NANOSECOND,
+        overhead=counters.overhead,
+        wall_time_s=wall_time_s,
+        heuristic=heuristic,
+        timeline=timeline or None,
+    )
 
 
 def _device_bytes(inputs: Sequence[Any], held: int) -> Optional[Callable[[], int]]:
@@ -252,12 +326,19 @@ def _device_bytes(inputs: Sequence[Any], held: int) -> Optional[Callable[[], int
     return lambda: device.memory_stats()["bytes_in_use"] - start + held
 
 
-def _make(fun, argnums, has_aux, budget, heuristic, dealloc, cost_model, return_stats, debug, timeline, value, log=None):
+def _make(
+    fun, argnums, has_aux, budget, heuristic, dealloc, cost_model, return_stats, debug, timeline, value, log=None, mode="planned", chunks="auto"
+):
     if not callable(fun):
         raise TypeError(f"expected a callable to differentiate; got {fun!r}")
     if dealloc not in DEALLOC_POLICIES:
         raise ValueError(f"unknown dealloc policy {dealloc!r}; expected one of {DEALLOC_POLICIES}")
-    get_heuristic(heuristic)  # fails now on an unknown name
+    if mode not in MODES:
+        raise ValueError(f"unknown mode {mode!r}; expected one of {MODES}")
+    if chunks not in CHUNK_POLICIES:
+        raise ValueError(f"unknown chunks policy {chunks!r}; expected one of {CHUNK_POLICIES}")
+    if heuristic != AUTO:
+        get_heuristic(heuristic)  # fails now on an unknown name
     return _ValueAndGrad(
         fun,
         argnums,
@@ -271,6 +352,8 @@ def _make(fun, argnums, has_aux, budget, heuristic, dealloc, cost_model, return_
         timeline,
         value,
         None if log is None else os.fspath(log),
+        mode,
+        chunks,
     )
 
 
@@ -280,13 +363,15 @@ def value_and_grad(
     has_aux: bool = False,
     *,
     budget: BudgetLike = None,
-    heuristic: Union[str, Heuristic] = DEFAULT_HEURISTIC,
+    heuristic: Union[str, Heuristic] = AUTO,
     dealloc: str = "eager",
     cost_model: CostModel = None,
     return_stats: bool = False,
     debug: bool = False,
     timeline: bool = False,
     log: "Optional[str | os.PathLike[str]]" = None,
+    mode: str = "planned",
+    chunks: str = "auto",
 ) -> Callable:
     """Like `jax.value_and_grad`, run eagerly under a device-memory budget.
 
@@ -299,10 +384,12 @@ def value_and_grad(
         (0, 1] of the computation's unconstrained peak. It bounds every byte
         the run holds on the device: arguments, constants, intermediates and
         outputs. None means no constraint.
-      heuristic: eviction heuristic name (see `jdtr.HEURISTICS`) or a
-        `jdtr.runtime.Heuristic` instance. The default, "lookahead", is
-        h_DTR^eq with the distance to the next use (known from the traced
-        program) in place of staleness; "dtr_eq" is the paper's.
+      heuristic: "auto" (the default) plans the run with a portfolio of
+        heuristics and keeps the cheapest schedule that fits; a heuristic
+        name (see `jdtr.HEURISTICS`) or a `jdtr.runtime.Heuristic` instance
+        plans with that one alone. "lookahead" is h_DTR^eq with the distance
+        to the next use (known from the traced program) in place of
+        staleness; "dtr_eq" is the paper's. Online, "auto" is "lookahead".
       dealloc: "eager" (evict dead values), "banish" or "ignore" (App. C.5).
       cost_model: None for flops and bytes counted from shapes on a nominal
         roofline (deterministic), "xla" for XLA's cost analysis of each
@@ -317,6 +404,14 @@ def value_and_grad(
         nanoseconds), in the DTR prototype's format; `jdtr.simulate` replays
         it to this run's decisions. A call that fails writes nothing. See
         `jdtr.trace`.
+      mode: "planned" (the default) decides the whole run before it starts,
+        by simulating DTR on the traced program, and caches the plan per
+        argument structure and budget; "online" decides as it runs, one
+        equation at a time (the paper's algorithm). Programs whose run cannot
+        be decided ahead (a `cond` on data, `cost_model="measured"`) run online.
+      chunks: how a plan runs: "auto" (one equation per dispatch the first
+        time, compiled chunks from its second run on, when compiling pays),
+        "always" (compiled chunks at once) or "never".
 
     Returns:
       A function returning `(value, grads)` (or `((value, aux), grads)`),
@@ -324,13 +419,15 @@ def value_and_grad(
 
     Raises:
       jdtr.OutOfBudgetError: the budget cannot hold what one operation needs.
+        A planned run raises it before any device work, when no candidate
+        fits, with a budget verified to fit (`suggested_budget_bytes`).
 
     Example:
       >>> import jax.numpy as jnp, jdtr
       >>> f = lambda w, x: jnp.sum(jnp.tanh(x @ w) ** 2)
       >>> value, g = jdtr.value_and_grad(f, budget=0.5)(jnp.ones((4, 4)), jnp.ones((8, 4)))
     """
-    return _make(fun, argnums, has_aux, budget, heuristic, dealloc, cost_model, return_stats, debug, timeline, True, log)
+    return _make(fun, argnums, has_aux, budget, heuristic, dealloc, cost_model, return_stats, debug, timeline, True, log, mode, chunks)
 
 
 def grad(
@@ -339,13 +436,15 @@ def grad(
     has_aux: bool = False,
     *,
     budget: BudgetLike = None,
-    heuristic: Union[str, Heuristic] = DEFAULT_HEURISTIC,
+    heuristic: Union[str, Heuristic] = AUTO,
     dealloc: str = "eager",
     cost_model: CostModel = None,
     return_stats: bool = False,
     debug: bool = False,
     timeline: bool = False,
     log: "Optional[str | os.PathLike[str]]" = None,
+    mode: str = "planned",
+    chunks: str = "auto",
 ) -> Callable:
     """Like `jax.grad`, run eagerly under a device-memory budget.
 
@@ -357,7 +456,7 @@ def grad(
       >>> f = lambda w, x: jnp.sum(jnp.tanh(x @ w) ** 2)
       >>> g = jdtr.grad(f, budget="1MiB")(jnp.ones((4, 4)), jnp.ones((8, 4)))
     """
-    return _make(fun, argnums, has_aux, budget, heuristic, dealloc, cost_model, return_stats, debug, timeline, False, log)
+    return _make(fun, argnums, has_aux, budget, heuristic, dealloc, cost_model, return_stats, debug, timeline, False, log, mode, chunks)
 
 
 def trace(fun: Callable, *args: Any, argnums: Union[int, Sequence[int]] = 0, has_aux: bool = False, **kwargs: Any) -> Trace:

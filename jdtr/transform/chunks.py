@@ -1,0 +1,288 @@
+"""A planned run cut into chunks, each compiled into one XLA program.
+
+A chunk is a run of consecutive computations of the plan (first ones and
+rematerializations); the values made and freed inside it are XLA's
+temporaries, and only what outlives it comes back as arrays. One dispatch
+per chunk instead of one per equation is what brings a planned run near
+`jax.jit`'s speed.
+
+The budget stays hard. A chunk holds, while it runs, what was resident
+before it (its inputs included: a value the plan frees inside the chunk is
+deleted only once the chunk has run, unless it is donated to it), its
+outputs, and XLA's temporaries. The cut is made where the plan's own count
+of that passes the budget, and each compiled chunk is checked against the
+budget with XLA's `memory_analysis()`; one that XLA makes larger than
+planned (its schedule is not the plan's) is split in two, and again, down
+to single equations, whose memory the plan already counted exactly.
+
+A chunk never computes one equation twice: XLA would merge the copies
+(common subexpressions) and keep the value the plan evicted, so a
+rematerialization of something the chunk already computed starts a new one.
+Equations with effects run alone, once, as the plan pins them.
+
+Compiled chunks are cached by content (the executables, how they are wired,
+the input types), so identical chunks — repeated layers, the same cell of a
+recursive model in another tree — compile once, across calls and budgets.
+"""
+
+from __future__ import annotations
+
+import threading
+import warnings
+from collections import OrderedDict
+from dataclasses import dataclass
+from typing import Any, Callable, Hashable, Optional, Sequence, Union
+
+import jax
+
+from ..offline import Compute, Free, StraightLine
+
+# Compiled chunks kept, least recently used first out.
+MAX_COMPILED_CHUNKS = 1024
+# A chunk XLA makes larger than the budget is halved this many times at most
+# (each half compiled again); past that, its equations run one by one. At
+# budgets near the plan's own peak, XLA's temporaries (alignment, fusion
+# buffers) rarely fit at any size, and every split would be a compilation.
+MAX_SPLITS = 2
+
+
+@dataclass(eq=False)
+class Chunk:
+    """Computations run as one program, then the frees the plan made meanwhile.
+
+    Attributes:
+      steps: the computations, in order.
+      inputs: the slots it reads that exist before it.
+      outputs: the slots it makes that outlive it.
+      frees: the slots deleted once it has run (inputs the plan freed).
+      resident_bytes: what the run holds when it starts.
+      call: runs it: input arrays in, output arrays out.
+      peak_bytes: resident bytes plus its outputs and XLA's temporaries
+        (less what reuses donated inputs), by XLA's analysis; the plan's
+        count for a single computation.
+    """
+
+    steps: tuple[Compute, ...]
+    inputs: tuple[int, ...]
+    outputs: tuple[int, ...]
+    frees: tuple[int, ...]
+    resident_bytes: int
+    call: Callable[..., Sequence[Any]]
+    peak_bytes: int
+
+
+@dataclass(frozen=True)
+class Delete:
+    """Buffers the plan frees between chunks."""
+
+    slots: tuple[int, ...]
+
+
+Item = Union[Chunk, Delete]
+
+
+# ---------------------------------------------------------------- cutting
+
+
+@dataclass(frozen=True)
+class _Span:
+    """Steps [start, end) to run as one chunk, less the frees done before it."""
+
+    start: int
+    end: int
+    hoisted: frozenset[int] = frozenset()
+    splits: int = 0  # how many times the span it comes from was halved
+
+
+def _spans(line: StraightLine, budget_bytes: float, resident: Sequence[int]) -> list[Union[_Span, Delete]]:
+    """The plan's steps as spans to run as chunks, with the frees between
+    them, cut where the plan's count of a chunk's memory would pass the budget.
+
+    A free inside a span of a value from before it is done before the span
+    when the span does not read that value first (an eviction of a stale
+    value, mostly): memory is then lower than planned, never higher. A value
+    the span reads and then frees is held until the span has run."""
+    sizes = line.sizes
+    items: list[Union[_Span, Delete]] = []
+    start: Optional[int] = None
+    produced: set[int] = set()
+    read: set[int] = set()
+    payloads: set[int] = set()
+    hoisted: list[int] = []
+    held = 0  # values read, then freed inside the open span: kept until it ends
+
+    def close(end: int) -> None:
+        nonlocal start, held
+        if start is not None:
+            if hoisted:
+                items.append(Delete(tuple(hoisted)))
+            items.append(_Span(start, end, frozenset(hoisted)))
+        start, held = None, 0
+        for pending in (produced, read, payloads, hoisted):
+            pending.clear()
+
+    for t, step in enumerate(line.steps):
+        if type(step) is Free:
+            if step.slot in produced:
+                continue  # made and dead inside the span: a temporary
+            if start is None:
+                items.append(Delete((step.slot,)))
+            elif step.slot in read:
+                held += sizes[step.slot]
+            else:
+                hoisted.append(step.slot)
+            continue
+        equation = step.payload
+        need = resident[t] + held + sum(sizes[s] for s in step.outputs) + step.workspace
+        alone = bool(getattr(equation, "effects", False))
+        if start is not None and (need > budget_bytes or id(equation) in payloads or alone):
+            close(t)
+        if start is None:
+            start = t
+        read.update(s for s in step.inputs if s not in produced)
+        produced.update(step.outputs)
+        payloads.add(id(equation))
+        if alone:
+            close(t + 1)
+    close(len(line.steps))
+    return items
+
+
+def _split(line: StraightLine, span: _Span) -> list[_Span]:
+    """A span cut in two before its middle computation, or, once it has been
+    halved `MAX_SPLITS` times, into single computations (none if it has one)."""
+    computes = [t for t in range(span.start, span.end) if type(line.steps[t]) is Compute]
+    if len(computes) < 2:
+        return []
+    if span.splits < MAX_SPLITS:
+        cuts = [computes[len(computes) // 2]]
+    else:
+        cuts = computes[1:]
+    bounds = [span.start, *cuts, span.end]
+    return [_Span(a, b, span.hoisted, span.splits + 1) for a, b in zip(bounds, bounds[1:])]
+
+
+def cut(line: StraightLine, avals: Sequence[Any], budget_bytes: float) -> list[Item]:
+    """The plan as chunks and deletes, each chunk compiled (or taken from the
+    cache) and within the budget by XLA's analysis."""
+    resident = line.resident_before()
+    freed_at = {step.slot: t for t, step in enumerate(line.steps) if type(step) is Free}
+    items: list[Item] = []
+    pending = list(reversed(_spans(line, budget_bytes, resident)))
+    while pending:
+        span = pending.pop()
+        if isinstance(span, Delete):
+            items.append(span)
+            continue
+        # Frees done before the span that the plan's count at its start still holds.
+        gone = sum(line.sizes[s] for s in span.hoisted if freed_at[s] >= span.start)
+        chunk = _chunk(line, avals, span, resident[span.start] - gone)
+        if chunk.peak_bytes > budget_bytes:
+            parts = _split(line, span)
+            if parts:
+                pending.extend(reversed(parts))
+                continue
+        items.append(chunk)
+    return items
+
+
+def count_chunks(items: Sequence[Item]) -> int:
+    return sum(1 for item in items if isinstance(item, Chunk))
+
+
+# ---------------------------------------------------------------- one chunk
+
+
+def _chunk(line: StraightLine, avals: Sequence[Any], span: _Span, resident_bytes: int) -> Chunk:
+    steps, frees, produced, dead = [], [], set(), set()
+    inputs: dict[int, None] = {}
+    for step in line.steps[span.start : span.end]:
+        if type(step) is Free:
+            if step.slot in produced:
+                dead.add(step.slot)
+            elif step.slot not in span.hoisted:
+                frees.append(step.slot)
+            continue
+        steps.append(step)
+        for slot in step.inputs:
+            if slot not in produced:
+                inputs.setdefault(slot, None)
+        produced.update(step.outputs)
+    outputs = tuple(s for step in steps for s in step.outputs if s not in dead)
+    freed = set(frees)
+    if len(steps) == 1:  # its own executable, which returns every output: the dead ones are deleted after
+        step = steps[0]
+        peak = resident_bytes + sum(line.sizes[s] for s in step.outputs) + step.workspace
+        frees += [s for s in step.outputs if s in dead]
+        return Chunk(tuple(steps), tuple(step.inputs), step.outputs, tuple(frees), resident_bytes, step.payload.fn, peak)
+    inputs_t = tuple(inputs)
+    donated = tuple(k for k, slot in enumerate(inputs_t) if slot in freed)
+    call, analysis = _compiled(steps, inputs_t, outputs, donated, avals, sum(line.sizes[s] for s in outputs))
+    peak = resident_bytes + analysis[0] - analysis[1] + analysis[2]
+    return Chunk(tuple(steps), inputs_t, outputs, tuple(frees), resident_bytes, call, peak)
+
+
+_COMPILED: "OrderedDict[Hashable, tuple[Callable, tuple[int, int, int], tuple]]" = OrderedDict()
+_LOCK = threading.Lock()
+
+
+def _compiled(
+    steps: Sequence[Compute],
+    inputs: tuple[int, ...],
+    outputs: tuple[int, ...],
+    donated: tuple[int, ...],
+    avals: Sequence[Any],
+    output_bytes: int,
+) -> tuple[Callable, tuple[int, int, int]]:
+    """The compiled program of a chunk and (output, alias, temporary) bytes
+    by XLA's analysis; cached by content."""
+    position = {slot: k for k, slot in enumerate(inputs)}
+    wiring = []
+    for step in steps:
+        wiring.append(tuple(position[s] for s in step.inputs))
+        for slot in step.outputs:
+            position[slot] = len(position)
+    out_refs = tuple(position[s] for s in outputs)
+    executables = tuple(step.payload.executable for step in steps)
+    in_types = tuple((tuple(avals[s].shape), str(avals[s].dtype), bool(avals[s].weak_type)) for s in inputs)
+    key = (tuple(map(id, executables)), tuple(wiring), out_refs, donated, in_types)
+    with _LOCK:
+        found = _COMPILED.get(key)
+        if found is not None:
+            _COMPILED.move_to_end(key)
+            return found[0], found[1]
+    traces = tuple(step.payload.trace for step in steps)
+
+    def program(*args):
+        env = list(args)
+        for trace, refs in zip(traces, wiring):
+            env.extend(trace(*[env[r] for r in refs]))
+        return tuple(env[r] for r in out_refs)
+
+    structs = [jax.ShapeDtypeStruct(avals[s].shape, avals[s].dtype, weak_type=avals[s].weak_type) for s in inputs]
+    with warnings.catch_warnings():
+        # Donated inputs XLA cannot reuse for an output are only deleted after
+        # the chunk: as planned, so JAX's warning about them says nothing new.
+        warnings.filterwarnings("ignore", message="Some donated buffers were not usable")
+        compiled = jax.jit(program, donate_argnums=donated).lower(*structs).compile()
+    analysis = compiled.memory_analysis()
+    if analysis is None:  # no analysis: count every output and no temporaries
+        sizes = (output_bytes, 0, 0)
+    else:
+        sizes = (
+            int(analysis.output_size_in_bytes),
+            int(analysis.alias_size_in_bytes),
+            max(int(analysis.temp_size_in_bytes), 0),
+        )
+    with _LOCK:
+        # The executables stay referenced with the entry: their ids in the key stay theirs.
+        _COMPILED[key] = (compiled, sizes, executables)
+        while len(_COMPILED) > MAX_COMPILED_CHUNKS:
+            _COMPILED.popitem(last=False)
+    return compiled, sizes
+
+
+def compiled_chunks() -> int:
+    """How many compiled chunks the cache holds."""
+    with _LOCK:
+        return len(_COMPILED)
