@@ -176,7 +176,7 @@ def main(argv=None):
     args = parser.parse_args(argv)
     if args.small:
         suite = [models.mlp_chain(16, 64, 256), models.rnn(16, 32, 8, 64)]
-        tree = dict(leaves=8, hidden=32, features=8, batch=4)
+        tree = dict(leaves=8, hidden=16, features=8, batch=128)
     else:
         suite = [
             models.mlp_chain(layers=64, width=256, batch=2048),
