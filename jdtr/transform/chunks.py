@@ -12,8 +12,9 @@ deleted only once the chunk has run, unless it is donated to it), its
 outputs, and XLA's temporaries. The cut is made where the plan's own count
 of that passes the budget, and each compiled chunk is checked against the
 budget with XLA's `memory_analysis()`; one that XLA makes larger than
-planned (its schedule is not the plan's) is split in two, and again, down
-to single equations, whose memory the plan already counted exactly.
+planned (its schedule is not the plan's) is split in two, twice at most
+(`MAX_SPLITS`), and then into single equations, whose memory the plan
+already counted exactly.
 
 A chunk never computes one equation twice: XLA would merge the copies
 (common subexpressions) and keep the value the plan evicted, so a
