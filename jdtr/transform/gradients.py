@@ -204,7 +204,7 @@ class _ValueAndGrad:
         program = traced.program
         budget_bytes = self.budget.resolve(traced.unconstrained_peak)
         run = self._planned if self.mode == "planned" and plannable(program) else self._online
-        held = sum(v.nbytes for v in program.inputs) + sum(v.nbytes for v, _ in program.consts)
+        held = program.held_bytes
         if held > budget_bytes and run == self._online:  # a plan says so itself, with a budget that fits
             raise OutOfBudgetError(
                 needed_bytes=held,
@@ -269,14 +269,13 @@ class _ValueAndGrad:
         timeline = Timeline() if self.timeline else None
         if timeline is not None:
             observers.append(timeline)
-        held = sum(v.nbytes for v in program.inputs) + sum(v.nbytes for v, _ in program.consts)
         runtime = Runtime(
             JaxBackend(measure=self.cost_model == MEASURED, after_compute=check),
             budget_bytes,
             heuristic=get_heuristic(DEFAULT_HEURISTIC if self.heuristic == AUTO else self.heuristic),
             dealloc=self.dealloc,
             observers=observers,
-            device_bytes=_device_bytes(inputs, held),
+            device_bytes=_device_bytes(inputs, program.held_bytes),
         )
         start = time.perf_counter()
         outputs = Interpreter(runtime, recorder=recorder).run(program, inputs, owned)

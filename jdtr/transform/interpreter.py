@@ -213,7 +213,7 @@ def workload(
         if returned is not None:
             returned.extend(outputs)
 
-    held = sum(v.nbytes for v in program.inputs) + sum(v.nbytes for v, _ in program.consts)
+    held = program.held_bytes
     baseline = Baseline(peak_bytes=program.unconstrained_peak(), cost=program.simulated_cost())
     return Workload(play, baseline, held, program.largest_equation_bytes())
 

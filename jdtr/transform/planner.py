@@ -146,7 +146,7 @@ def plan_run(
             first_error = result.error
     if best is None:
         assert first_error is not None, "a candidate without a remat limit either fits or runs out of memory"
-        raise first_error.suggest(_suggest_budget(simulate, heuristic, budget_bytes, program.unconstrained_peak()))
+        raise first_error.suggest(_suggest_budget(simulate, heuristic, budget_bytes))
     result, counters, line, chosen = best
     return PlannedRun(line, result, counters, result.heuristic, chosen, tuple(tried), time.perf_counter() - start)
 
@@ -163,18 +163,19 @@ def observe(plan: PlannedRun, program: Program, owned: Sequence[bool], dealloc: 
     plan.log = recorder.trace()
 
 
-def _suggest_budget(simulate: _Simulation, heuristic: Union[str, Heuristic], failed: int, peak: int) -> int:
+def _suggest_budget(simulate: _Simulation, heuristic: Union[str, Heuristic], failed: int) -> int:
     """The least budget (within `SUGGESTION_TOLERANCE` of the peak) at which a
     candidate fits, found by bisection between one that failed and the
     unconstrained peak."""
+    limit = simulate.workload.baseline.cost * (SUGGESTION_OVERHEAD_LIMIT - 1.0)
 
     def fits(budget: int) -> bool:
         for candidate in candidates(heuristic):
-            limit = simulate.workload.baseline.cost * (SUGGESTION_OVERHEAD_LIMIT - 1.0)
             if simulate(budget, candidate, remat_limit=limit)[0].ok:
                 return True
         return False
 
+    peak = simulate.workload.baseline.peak_bytes
     low, high = failed, max(peak, failed + 1)
     while not fits(high):  # the unconstrained peak fits by construction; this guards literals it omits
         low, high = high, 2 * high

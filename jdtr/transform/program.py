@@ -112,6 +112,11 @@ class Program:
         self.release_after = liveness(self)
 
     @property
+    def held_bytes(self) -> int:
+        """Bytes of its arguments and constants: on the device for the whole run."""
+        return sum(v.nbytes for v in self.inputs) + sum(v.nbytes for v, _ in self.consts)
+
+    @property
     def num_equations(self) -> int:
         return sum(
             1 if isinstance(item, Equation) else max((b.num_equations for b in item.branches), default=0)
@@ -150,7 +155,7 @@ class Program:
         """Peak bytes of running the program with nothing evicted, values
         freed at their last use, as the runtime accounts them; for `cond`,
         the larger branch."""
-        memory = sum(v.nbytes for v in self.inputs) + sum(v.nbytes for v, _ in self.consts)
+        memory = self.held_bytes
         peak, _ = _walk_peak(self, memory, memory, branch=False)
         return peak
 

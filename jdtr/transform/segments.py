@@ -212,7 +212,7 @@ def _nest(
 
 
 def fixed_bytes(program: Program, gradient_bytes: int) -> int:
-    return sum(v.nbytes for v in program.inputs) + sum(v.nbytes for v, _ in program.consts) + gradient_bytes
+    return program.held_bytes + gradient_bytes
 
 
 def _transient_bytes(seg: Segment, kept: frozenset) -> int:
