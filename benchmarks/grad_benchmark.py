@@ -167,12 +167,39 @@ def bench_tree_lstm(repeats: int, leaves: int = 44, hidden: int = 256, features:
     ]
 
 
+# ---------------------------------------------------------------- the optimum
+
+
+def bench_optimum(ratios=(0.7, 0.6)):
+    """The plan's overhead on the BatchNorm CNN against `jdtr.optimal`'s, per budget."""
+    model = models.batchnorm_cnn()
+    loss, args = model.loss, (model.params, model.batch)
+    rows = []
+    for ratio in ratios:
+        f = jdtr.grad(loss, budget=ratio, return_stats=True)
+        _, first = f(*args)
+        _, second = f(*args)
+        best = jdtr.optimal(jdtr.trace(loss, *args), second.budget_bytes, time_limit=120)
+        proven = f"**{best.overhead:.4f}** (proven)" if best.status == "optimal" else (
+            f"≤{best.overhead:.4f} ≥{best.bound / best.baseline_cost:.4f} ({best.solve_time_s:.0f} s)"
+        )
+        rows.append(
+            f"| {ratio} | {first.heuristic} {first.overhead:.4f} | {second.heuristic} {second.overhead:.4f} "
+            f"| {second.planning_time_s:.2f} s | {proven} | {second.overhead / best.overhead:.3f} |"
+        )
+    return rows
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--ratios", type=float, nargs="+", default=[1.0, 0.5, 0.3])
     parser.add_argument("--output", help="append the markdown report here")
     parser.add_argument("--small", action="store_true", help="small models (a quick check)")
+    parser.add_argument(
+        "--only", choices=["models", "trees", "optimum"], nargs="+", default=["models", "trees", "optimum"],
+        help="which parts to run (default: all)",
+    )
     args = parser.parse_args(argv)
     if args.small:
         suite = [models.mlp_chain(16, 64, 256), models.rnn(16, 32, 8, 64)]
@@ -191,14 +218,16 @@ def main(argv=None):
         "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     baselines = []
-    for model in suite:
+    for model in suite if "models" in args.only else []:
         print(f"benchmarking {model.name} ...", file=sys.stderr)
         rows, baseline = bench_model(model, args.ratios, args.repeats)
         lines += rows
         baselines.append(baseline)
         print("\n".join(rows), file=sys.stderr)
     print("benchmarking the TreeLSTM ...", file=sys.stderr)
-    trees = bench_tree_lstm(args.repeats, **tree)
+    trees = bench_tree_lstm(args.repeats, **tree) if "trees" in args.only else []
+    print("benchmarking the optimum ...", file=sys.stderr)
+    optimum = bench_optimum() if "optimum" in args.only else []
     report = "\n".join(
         [
             f"### jdtr.grad planned (heuristic=\"auto\"), {datetime.date.today().isoformat()}",
@@ -218,6 +247,11 @@ def main(argv=None):
             "| TreeLSTM at budget 0.5 | jdtr | jdtr.grad | eager jax.grad | ratio |",
             "|---|---|---|---|---|",
             *trees,
+            "",
+            "| BatchNorm CNN (issue 21), budget ratio | first call's plan | the plan once it came back "
+            "| its planning | jdtr.optimal | plan / optimum |",
+            "|---|---|---|---|---|---|",
+            *optimum,
             "",
         ]
     )

@@ -22,6 +22,7 @@ from jdtr.transform import chunks as chunks_module
 from jdtr.transform.chunks import Chunk, compiled_chunks, cut
 from jdtr.transform.executor import Execution, slot_avals
 from jdtr.transform.gradients import MAX_PLANS_PER_TRACE
+from jdtr.transform.planner import OPTIMAL_MAX_EQUATIONS, PORTFOLIO, QUICK_OVERHEAD, candidates, plan_run
 
 MODELS = {
     "mlp": lambda: models.mlp_chain(layers=12, width=32, batch=64),
@@ -181,6 +182,31 @@ def test_the_portfolio_keeps_the_cheapest_schedule():
     _, best = jdtr.grad(model.loss, budget=0.47, return_stats=True)(model.params, model.batch)
     assert best.overhead < alone.overhead / 3
     assert best.heuristic != "lookahead"
+
+
+def test_a_structure_seen_once_is_planned_quickly_and_refined_when_it_comes_back():
+    """At 0.4 of this transformer's peak the lookahead heuristic fits at
+    overhead 1.33 and dtr_eq at 1.30 (measured): the first call keeps the
+    first within QUICK_OVERHEAD; the second tries the rest and ends with the
+    whole portfolio's plan, run as compiled chunks."""
+    model = MODELS["transformer"]()
+    f = jdtr.grad(model.loss, budget=0.4, return_stats=True)
+    _, first = f(model.params, model.batch)
+    (traced,) = f.cache.values()
+    (plan,) = traced.plans.values()
+    assert first.heuristic == "lookahead" and first.overhead <= QUICK_OVERHEAD
+    assert [name for name, _ in plan.tried] == ["lookahead"] and plan.remaining == candidates("auto", traced.program)[1:]
+    grads, second = f(model.params, model.batch)
+    (refined,) = traced.plans.values()
+    owned = [False] * len(traced.program.inputs)
+    whole = plan_run(traced.program, second.budget_bytes, "auto", "eager", owned)
+    assert (second.heuristic, second.overhead) == (whole.heuristic, whole.counters.overhead)
+    assert second.overhead < first.overhead and second.execution == "chunks" and second.planning_time_s > 0
+    assert traced.program.num_equations > OPTIMAL_MAX_EQUATIONS  # no solver in its portfolio
+    assert refined.remaining == () and [name for name, _ in refined.tried] == list(PORTFOLIO[:-1])
+    assert_close(grads, jax.grad(model.loss)(model.params, model.batch), rtol=1e-4, atol=1e-5)
+    _, third = f(model.params, model.batch)
+    assert (third.heuristic, third.overhead, third.planning_time_s) == (second.heuristic, second.overhead, 0.0)
 
 
 def test_plans_are_cached_and_chunks_compiled_on_the_second_run():
@@ -412,3 +438,68 @@ def test_a_value_made_and_never_read_is_freed_after_its_chunk():
     grads, stats = f(p, q)
     assert stats.live_peak_bytes <= stats.budget_bytes
     assert_close(grads, expected, rtol=1e-4, atol=1e-5)
+
+
+def test_the_portfolio_fits_and_nears_the_optimum_where_the_papers_heuristics_do_not(tmp_path):
+    """Issue 21's BatchNorm CNN. At 0.6 of its peak the paper's heuristics and
+    lookahead are out of budget; the portfolio fits. At 0.7 they fit at 1.58
+    or more, where `jdtr.optimal` proves 1.095 (XLA's temporaries counted):
+    once the structure comes back, the plan is within 1.2x of that optimum,
+    and runs in compiled chunks within the budget with jax.grad's gradients."""
+    model = models.batchnorm_cnn()
+    loss, args = model.loss, (model.params, model.batch)
+    expected = jax.grad(loss)(*args)
+    for name in ("lookahead", "dtr_eq", "dtr_full"):
+        with pytest.raises(jdtr.OutOfBudgetError):
+            jdtr.grad(loss, budget=0.6, heuristic=name)(*args)
+    grads, tight = jdtr.grad(loss, budget=0.6, return_stats=True)(*args)
+    assert tight.peak_bytes <= tight.budget_bytes
+    assert_close(grads, expected, rtol=1e-4, atol=1e-5)
+    log = tmp_path / "cnn.log"
+    f = jdtr.grad(loss, budget=0.7, return_stats=True, debug=True, timeline=True, log=log)
+    _, first = f(*args)
+    grads, second = f(*args)
+    # The solver's run is observed as a run is: its residency events, and the program's log.
+    computed = [e for e in second.timeline if e.kind in ("compute", "rematerialize")]
+    assert sum(e.kind == "rematerialize" for e in computed) >= second.rematerializations > 0
+    assert max(e.memory for e in second.timeline) <= second.budget_bytes
+    assert jdtr.simulate(str(log), 1.0).ok
+    proven = jdtr.optimal(jdtr.trace(loss, *args), second.budget_bytes, time_limit=120)
+    assert proven.status == "optimal"
+    assert first.overhead > 1.2 * proven.overhead  # the heuristics alone are not within 1.2x
+    assert second.overhead <= 1.2 * proven.overhead and second.heuristic == "optimal"
+    assert second.execution == "chunks" and second.peak_bytes <= second.budget_bytes
+    assert second.live_peak_bytes <= second.budget_bytes
+    assert_close(grads, expected, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("ratio", [0.7, 0.55])
+def test_the_optimal_schedule_written_as_a_line_computes_jax_grads_gradients_within_the_budget(ratio):
+    """`jdtr.optimal`'s stages, written over the operators of a run without a
+    budget (`stage_line`), run on device arrays to jax.grad's gradients, hold
+    no more than the budget at any computation (workspace counted), and cost
+    what the line's counters say."""
+    from jdtr.transform.planner import _Simulation
+
+    model = MODELS["rnn"]()
+    f = jdtr.grad(model.loss, return_stats=True)
+    f(model.params, model.batch)
+    (traced,) = f.cache.values()
+    owned = [False] * len(traced.program.inputs)
+    budget = int(traced.unconstrained_peak * ratio)
+    result, counters, line = _Simulation(traced.program, owned, "eager").optimal(budget)
+    assert result.ok and line is not None and result.heuristic == "optimal"
+    resident = line.resident_before()
+    peak = max(
+        resident[i] + sum(line.sizes[s] for s in step.outputs) + step.workspace
+        for i, step in enumerate(line.steps)
+        if type(step) is Compute
+    )
+    assert peak == counters.peak_bytes <= budget
+    assert counters.rematerializations == line.rematerializations > 0
+    assert result.overhead == pytest.approx(counters.overhead, rel=1e-3)
+    leaves = jax.tree_util.tree_leaves((model.params, model.batch))
+    outputs = Execution(line, leaves, owned, None).steps()
+    value, grads = jax.tree_util.tree_unflatten(traced.out_tree, outputs)
+    assert_close(grads, jax.grad(model.loss)(model.params, model.batch))
+    assert not any(leaf.is_deleted() for leaf in leaves)

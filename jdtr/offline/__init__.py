@@ -20,6 +20,8 @@ from .straightline import Compute as Compute
 from .straightline import Free as Free
 from .straightline import RecordingBackend as RecordingBackend
 from .straightline import StraightLine as StraightLine
+from .stage_line import StagedRun as StagedRun
+from .stage_line import stage_line as stage_line
 from .optimal import METHODS as METHODS
 from .optimal import MILP_MAX_BINARIES as MILP_MAX_BINARIES
 from .optimal import CheckmateGraph as CheckmateGraph
@@ -38,6 +40,7 @@ __all__ = [
     "OptimalResult",
     "RecordingBackend",
     "SimResult",
+    "StagedRun",
     "StraightLine",
     "Workload",
     "as_trace",
@@ -47,4 +50,5 @@ __all__ = [
     "optimal",
     "run",
     "run_baseline",
+    "stage_line",
 ]

@@ -60,7 +60,7 @@ from .executable import assign_workspaces
 from .executor import Execution, slot_avals
 from .interpreter import Interpreter, JaxBackend, LiveArrayCheck, workload
 from .normalize import normalize
-from .planner import AUTO, PlannedRun, observe, plan_run, plannable
+from .planner import AUTO, PlannedRun, observe, plan_run, plannable, refine
 from .program import Program
 
 MODES = ("planned", "online")
@@ -79,6 +79,7 @@ class Traced:
     trace_time_s: float
     plans: "OrderedDict[Hashable, PlannedRun]" = field(default_factory=OrderedDict, repr=False)
     lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+    refining: set = field(default_factory=set, repr=False)  # keys a thread is refining the plan of
 
     def plan(self, key: Hashable, make: Callable[[], PlannedRun]) -> tuple[PlannedRun, bool]:
         """The cached plan for `key`, made if there is none; and whether it was cached."""
@@ -87,12 +88,25 @@ class Traced:
             if found is not None:
                 self.plans.move_to_end(key)
                 return found, True
-        made = make()
+        return self.replan(key, make()), False
+
+    def claim(self, key: Hashable) -> bool:
+        """Whether this thread is the one to refine `key`'s plan (no other is)."""
         with self.lock:
-            self.plans[key] = made
+            if key in self.refining:
+                return False
+            self.refining.add(key)
+            return True
+
+    def replan(self, key: Hashable, plan: PlannedRun) -> PlannedRun:
+        """Caches `plan` for `key` (in place of any before it) and returns it."""
+        with self.lock:
+            self.refining.discard(key)
+            self.plans[key] = plan
+            self.plans.move_to_end(key)
             while len(self.plans) > MAX_PLANS_PER_TRACE:
                 self.plans.popitem(last=False)
-        return made, False
+        return plan
 
 
 _TRACES: "weakref.WeakKeyDictionary[Callable, dict]" = weakref.WeakKeyDictionary()
@@ -239,11 +253,20 @@ class _ValueAndGrad:
         """Runs the cached plan for this budget (made first if there is none)."""
         program = traced.program
         key = (budget_bytes, self.heuristic if isinstance(self.heuristic, str) else id(self.heuristic), self.dealloc, tuple(owned))
-        plan, planned_before = traced.plan(key, lambda: plan_run(program, budget_bytes, self.heuristic, self.dealloc, owned))
+        plan, planned_before = traced.plan(
+            key, lambda: plan_run(program, budget_bytes, self.heuristic, self.dealloc, owned, quick=True)
+        )
         planning = 0.0 if planned_before else plan.planning_time_s
+        if planned_before and plan.remaining and traced.claim(key):  # it came back: plan it as a static one
+            before, refined = plan.planning_time_s, plan
+            try:
+                refined = refine(plan, program, owned, self.dealloc)
+            finally:  # on an error the quick plan stays, and the next call tries again
+                plan = traced.replan(key, refined)
+            planning = plan.planning_time_s - before
         if self.timeline or self.log is not None:
             observe(plan, program, owned, self.dealloc, self.timeline, self.log is not None)
-        compiled = self.chunks == "always" or (self.chunks == "auto" and plan.executions > 0)
+        compiled = self.chunks == "always" or (self.chunks == "auto" and planned_before)
         if compiled and plan.compiled is None:
             start = time.perf_counter()
             plan.compiled = cut(plan.line, slot_avals(plan.line, program), budget_bytes)
@@ -255,7 +278,6 @@ class _ValueAndGrad:
         else:
             outputs, dispatches = execution.steps(), plan.line.computations
         jax.block_until_ready(outputs)
-        plan.executions += 1
         report = _report(plan.counters, plan.heuristic, time.perf_counter() - start, self.timeline and plan.timeline)
         report.update(chunks=dispatches, planning_time_s=planning, execution="chunks" if compiled else "steps")
         return outputs, report, plan.log if self.log is not None else None

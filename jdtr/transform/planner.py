@@ -11,18 +11,36 @@ Deciding ahead also lets jdtr try more than one heuristic. With
 fits with the least rematerialization compute, the first of equals in the
 portfolio's order, so the same program always gets the same plan. A
 candidate is cut off (`ThrashError`) once its rematerialization compute
-passes the best one's so far: it could not win. Only when no candidate fits
+passes the best one's so far: it could not win.
+
+Planning effort follows reuse, as compiling does. The first plan of a
+structure stops at the first candidate that fits within `QUICK_OVERHEAD`:
+a program seen once (a TreeLSTM's fresh tree) pays one simulation, about
+what the online run pays deciding as it goes. When the structure comes back,
+`refine` tries the candidates the first plan skipped, each cut off at the
+plan's compute, and so ends where the whole portfolio would have: the plan a
+static model trains with does not depend on when it was made. Only when no candidate fits
 is the budget too small, and the error then carries a budget the portfolio
 was verified to fit in simulation (`OutOfBudgetError.suggested_budget_bytes`).
 """
 
 from __future__ import annotations
 
+import math
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Optional, Sequence, Union
 
-from ..offline import RecordingBackend, SimResult, StraightLine, run
+from ..offline import (
+    RecordingBackend,
+    SimResult,
+    StraightLine,
+    checkmate_graph,
+    interval_bound,
+    optimal,
+    run,
+    stage_line,
+)
 from ..runtime import Counters, Heuristic, OutOfBudgetError, Timeline
 from ..oplog import Trace, TraceRecorder
 from .interpreter import workload
@@ -31,15 +49,37 @@ from .program import Equation, Program
 # The portfolio of `heuristic="auto"`, in order of preference between equals:
 # the lookahead heuristic first (it won on most logs, docs/heuristics.md),
 # then the paper's, then those that got through where the paper's did not
-# (a BatchNorm CNN at 0.6 of its peak: dtr_local and msps, issue 21).
-PORTFOLIO = ("lookahead", "dtr_eq", "dtr_local", "msps", "dtr_full")
+# (a BatchNorm CNN at 0.6 of its peak: dtr_local and msps, issue 21), and
+# last `jdtr.optimal`'s schedule, on programs of at most OPTIMAL_MAX_EQUATIONS.
+OPTIMAL = "optimal"
+PORTFOLIO = ("lookahead", "dtr_eq", "dtr_local", "msps", "dtr_full", OPTIMAL)
 AUTO = "auto"
+# `jdtr.optimal` in the portfolio: on programs this small, by its refined
+# relaxation (no MILP, no priced relaxation: those took minutes where this
+# takes seconds) under limits on work (HiGHS's root node only, two rounds of
+# refinement), never on time, so that a program always gets the same plan.
+# Only where the heuristics' best may be more than OPTIMAL_WORTH_ABOVE times
+# the optimum: not where their overhead is below that factor (the optimum
+# costs at least the baseline), nor where it is below that factor times the
+# interval relaxation's bound (a solve of milliseconds). The issue-21
+# BatchNorm CNN (141 equations): at 0.7 of its peak the optimum (1.095) in
+# 1 s, where the heuristics' best is 1.58; at 0.6, 1.26 in 3 s, where
+# theirs is 1.90. Each round's solve grows with the nodes refined (5 s a
+# round on a 12-layer MLP, which the bound spares).
+OPTIMAL_MAX_EQUATIONS = 200
+OPTIMAL_NODE_LIMIT = 1
+OPTIMAL_MAX_ROUNDS = 2
+OPTIMAL_WORTH_ABOVE = 1.2
 
 # The suggested budget is searched by bisection to within this fraction of
 # the unconstrained peak; each probe simulates the candidates, cut off at this
 # overhead (a budget that needs more compute is no use to suggest).
 SUGGESTION_TOLERANCE = 1 / 256
 SUGGESTION_OVERHEAD_LIMIT = 3.0
+# A structure's first plan keeps the first candidate within this overhead
+# (cost-model units): DTR's usual at half the peak (docs/benchmarks.md), well
+# short of thrashing (the lookahead's 6.2 on an MLP at 0.47, test_planned).
+QUICK_OVERHEAD = 1.5
 
 
 def plannable(program: Program) -> bool:
@@ -48,9 +88,13 @@ def plannable(program: Program) -> bool:
     return all(type(item) is Equation and item.cost is not None for item in program.body)
 
 
-def candidates(heuristic: Union[str, Heuristic]) -> tuple[Union[str, Heuristic], ...]:
-    """The heuristics a plan tries: the portfolio for "auto", else the one named."""
-    return PORTFOLIO if heuristic == AUTO else (heuristic,)
+def candidates(heuristic: Union[str, Heuristic], program: Program) -> tuple[Union[str, Heuristic], ...]:
+    """The heuristics a plan tries: the portfolio for "auto" (with
+    `jdtr.optimal` only on small programs), else the one named."""
+    if heuristic != AUTO:
+        return (heuristic,)
+    small = program.num_equations <= OPTIMAL_MAX_EQUATIONS
+    return tuple(c for c in PORTFOLIO if c != OPTIMAL or small)
 
 
 @dataclass
@@ -66,8 +110,7 @@ class PlannedRun:
       tried: each candidate tried, with its overhead (None: it did not fit,
         or was cut off).
       planning_time_s: the time the simulations took.
-      executions: how many times the plan has run (its executor compiles
-        chunks once it is run again).
+      remaining: the candidates a quick plan did not try (`refine` tries them).
       timeline, log: the chosen run's residency events and operator log,
         when a caller asked for them (simulated again, once).
     """
@@ -79,8 +122,8 @@ class PlannedRun:
     candidate: Union[str, Heuristic]
     tried: tuple[tuple[str, Optional[float]], ...]
     planning_time_s: float
-    executions: int = 0
-    compiled: Any = None  # the executor's chunks, once compiled
+    remaining: tuple[Union[str, Heuristic], ...] = ()
+    compiled: Any = None  # the executor's chunks, once compiled (when the plan is run again)
     timeline: Optional[tuple] = field(default=None, repr=False)
     log: Optional[Trace] = field(default=None, repr=False)
 
@@ -95,6 +138,8 @@ class _Simulation:
         self.returned: list = []
         # Slots 0..n-1 are the arguments: a RecordingBackend registers them first.
         self.workload = workload(program, owned, arguments=range(len(program.inputs)), returned=self.returned)
+        self.reference: Optional[tuple[SimResult, StraightLine, Trace]] = None
+        self.events: tuple = ()  # the residency events of the last `optimal` run that fit
 
     def __call__(
         self,
@@ -104,6 +149,8 @@ class _Simulation:
         observers: Sequence[Any] = (),
         recorder: Optional[TraceRecorder] = None,
     ) -> tuple[SimResult, Counters, Optional[StraightLine]]:
+        if heuristic == OPTIMAL:
+            return self.optimal(budget_bytes, remat_limit)
         backend = RecordingBackend()
         for value in self.program.inputs:
             backend.argument(value.nbytes)
@@ -118,6 +165,58 @@ class _Simulation:
         line = backend.line(self.returned) if result.ok else None
         return result, counters, line
 
+    def optimal(self, budget_bytes: int, remat_limit: Optional[float] = None) -> tuple[SimResult, Counters, Optional[StraightLine]]:
+        """`jdtr.optimal`'s schedule as a run: solved on the program's operator
+        log, written over the operators of a run without a budget (the log's
+        recording), and measured (`stage_line`). Its status is "oom" when the
+        solver found no schedule or its run would not fit, "thrash" when a
+        schedule recomputing `remat_limit` is within OPTIMAL_WORTH_ABOVE of
+        the optimum by the solver's first bound (no need to solve further)."""
+        if self.reference is None:
+            recorder = TraceRecorder()
+            result, _, line = self(math.inf, "dtr_eq", recorder=recorder)
+            self.reference = (result, line, recorder.trace())
+        reference, line, trace = self.reference
+        graph = checkmate_graph(trace.program)
+        base = self.workload.baseline.cost
+        if remat_limit is not None and base > 0:
+            # The interval relaxation's bound, a small solve (a binary per read):
+            # the optimum costs at least this much.
+            least = interval_bound(graph, budget_bytes, time_limit=None) / max(sum(graph.costs), 1e-12)
+            if 1.0 + remat_limit / base <= OPTIMAL_WORTH_ABOVE * least:
+                cut = replace(reference, status="thrash", overhead=None, heuristic=OPTIMAL, error=None,
+                              message=f"within {OPTIMAL_WORTH_ABOVE}x of the optimum's bound {least:.4f}")
+                return cut, Counters(), None
+        solved = optimal(
+            trace,
+            budget_bytes,
+            time_limit=None,
+            method="relaxation",
+            node_limit=OPTIMAL_NODE_LIMIT,
+            max_rounds=OPTIMAL_MAX_ROUNDS,
+            priced=False,
+        )
+        staged = None
+        if solved.stages is not None:
+            staged = stage_line(line, graph, solved.stages, budget_bytes)
+        if staged is not None:
+            self.events = tuple(staged.events)
+        counters = staged.counters if staged is not None else Counters()
+        result = replace(
+            reference,
+            status="ok" if staged is not None else "oom",
+            overhead=(base + counters.remat_cost) / base if staged is not None and base > 0 else (1.0 if staged else None),
+            budget_bytes=int(budget_bytes),
+            remat_cost=counters.remat_cost,
+            heuristic=OPTIMAL,
+            heuristic_evaluations=0,
+            metadata_accesses=0,
+            message=None if staged is not None else f"jdtr.optimal: {solved.status}, {solved.message}",
+            error=None,
+            **counters.totals(),
+        )
+        return result, counters, staged.line if staged is not None else None
+
 
 def plan_run(
     program: Program,
@@ -125,16 +224,70 @@ def plan_run(
     heuristic: Union[str, Heuristic],
     dealloc: str,
     owned: Sequence[bool],
+    quick: bool = False,
 ) -> PlannedRun:
     """The cheapest schedule of `program` under `budget_bytes` among the
-    candidates of `heuristic`. Raises `OutOfBudgetError` (with a suggested
-    budget) when none fits."""
+    candidates of `heuristic` or, `quick`, the first within `QUICK_OVERHEAD`
+    (the rest left for `refine`). Raises `OutOfBudgetError` (with a
+    suggested budget) when none fits."""
     start = time.perf_counter()
     simulate = _Simulation(program, owned, dealloc)
-    best: Optional[tuple[SimResult, Counters, StraightLine, Union[str, Heuristic]]] = None
+    search = _search(simulate, budget_bytes, candidates(heuristic, program), None, QUICK_OVERHEAD if quick else None)
+    if search.best is None:
+        assert search.error is not None, "a candidate without a remat limit either fits or runs out of memory"
+        raise search.error.suggest(_suggest_budget(simulate, candidates(heuristic, program), budget_bytes))
+    result, counters, line, chosen = search.best
+    return _planned(
+        simulate, line, result, counters, chosen, search.tried, time.perf_counter() - start, search.remaining
+    )
+
+
+def refine(plan: PlannedRun, program: Program, owned: Sequence[bool], dealloc: str) -> PlannedRun:
+    """`plan` with the candidates it skipped tried too, each cut off at its
+    compute: the plan itself if none does better, else a new one, as the whole
+    portfolio would have chosen."""
+    if not plan.remaining:
+        return plan
+    start = time.perf_counter()
+    simulate = _Simulation(program, owned, dealloc)
+    incumbent = (plan.result, plan.counters, plan.line, plan.candidate)
+    search = _search(simulate, plan.result.budget_bytes, plan.remaining, incumbent, None)
+    result, counters, line, chosen = search.best
+    elapsed = time.perf_counter() - start
+    tried = plan.tried + search.tried
+    if chosen is plan.candidate:
+        plan.tried, plan.remaining, plan.planning_time_s = tried, (), plan.planning_time_s + elapsed
+        return plan
+    return _planned(simulate, line, result, counters, chosen, tried, plan.planning_time_s + elapsed, ())
+
+
+def _planned(simulate: _Simulation, line, result, counters, chosen, tried, planning_time_s, remaining) -> PlannedRun:
+    plan = PlannedRun(line, result, counters, result.heuristic, chosen, tried, planning_time_s, remaining)
+    if chosen == OPTIMAL:  # the solver's run has no runtime to observe: its events come with it
+        plan.timeline = simulate.events
+    return plan
+
+
+@dataclass
+class _Search:
+    best: Optional[tuple[SimResult, Counters, StraightLine, Union[str, Heuristic]]]
+    tried: tuple[tuple[str, Optional[float]], ...]
+    remaining: tuple[Union[str, Heuristic], ...]
+    error: Optional[OutOfBudgetError]
+
+
+def _search(simulate: _Simulation, budget_bytes: int, pending: Sequence[Union[str, Heuristic]], best, quick: Optional[float]) -> _Search:
+    """Simulates `pending` in order, keeping the cheapest fitting run (ties to
+    the earlier, `best` first of all); stops early at a run with nothing to
+    recompute, or, with `quick`, at one within that overhead."""
     tried: list[tuple[str, Optional[float]]] = []
     first_error: Optional[OutOfBudgetError] = None
-    for candidate in candidates(heuristic):
+    for i, candidate in enumerate(pending):
+        if candidate == OPTIMAL and best is not None:
+            if quick is not None:  # a solve takes seconds: when the structure comes back
+                return _Search(best, tuple(tried), tuple(pending[i:]), first_error)
+            if best[0].overhead <= OPTIMAL_WORTH_ABOVE:
+                continue  # within that of any optimum: it costs at least the baseline
         limit = best[0].remat_cost if best is not None else None
         result, counters, line = simulate(budget_bytes, candidate, remat_limit=limit)
         tried.append((result.heuristic, result.overhead))
@@ -142,13 +295,11 @@ def plan_run(
             best = (result, counters, line, candidate)
             if result.remat_cost == 0:
                 break  # nothing to recompute: no candidate does better
-        elif result.status == "oom" and first_error is None:
+            if quick is not None and result.overhead <= quick:
+                return _Search(best, tuple(tried), tuple(pending[i + 1 :]), first_error)
+        elif result.status == "oom" and first_error is None and result.error is not None:
             first_error = result.error
-    if best is None:
-        assert first_error is not None, "a candidate without a remat limit either fits or runs out of memory"
-        raise first_error.suggest(_suggest_budget(simulate, heuristic, budget_bytes))
-    result, counters, line, chosen = best
-    return PlannedRun(line, result, counters, result.heuristic, chosen, tuple(tried), time.perf_counter() - start)
+    return _Search(best, tuple(tried), (), first_error)
 
 
 def observe(plan: PlannedRun, program: Program, owned: Sequence[bool], dealloc: str, timeline: bool, log: bool) -> None:
@@ -158,19 +309,24 @@ def observe(plan: PlannedRun, program: Program, owned: Sequence[bool], dealloc: 
         return
     observer = Timeline()
     recorder = TraceRecorder()
-    _Simulation(program, owned, dealloc)(plan.result.budget_bytes, plan.candidate, observers=[observer], recorder=recorder)
-    plan.timeline = tuple(observer.events)
+    simulate = _Simulation(program, owned, dealloc)
+    if plan.candidate == OPTIMAL:  # the log is the program's requests, whatever the schedule
+        simulate(math.inf, "dtr_eq", recorder=recorder)
+    else:
+        simulate(plan.result.budget_bytes, plan.candidate, observers=[observer], recorder=recorder)
+        plan.timeline = tuple(observer.events)
     plan.log = recorder.trace()
 
 
-def _suggest_budget(simulate: _Simulation, heuristic: Union[str, Heuristic], failed: int) -> int:
+def _suggest_budget(simulate: _Simulation, tried: Sequence[Union[str, Heuristic]], failed: int) -> int:
     """The least budget (within `SUGGESTION_TOLERANCE` of the peak) at which a
     candidate fits, found by bisection between one that failed and the
-    unconstrained peak."""
+    unconstrained peak (the heuristics probed, not the solver: a probe each)."""
     limit = simulate.workload.baseline.cost * (SUGGESTION_OVERHEAD_LIMIT - 1.0)
+    heuristics = [c for c in tried if c != OPTIMAL]
 
     def fits(budget: int) -> bool:
-        for candidate in candidates(heuristic):
+        for candidate in heuristics:
             if simulate(budget, candidate, remat_limit=limit)[0].ok:
                 return True
         return False

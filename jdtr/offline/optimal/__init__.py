@@ -62,7 +62,14 @@ starts from the cheapest of them.
 The graph is Checkmate's linear graph of the trace (`checkmate_graph`): one
 node per storage a `CALL` creates, with its size and cost, and edges from the
 storages its arguments live in. Constants (weights, inputs) are not nodes:
-they are pinned, resident and counted in memory throughout.
+they are pinned, resident and counted in memory throughout. An operator's
+workspace (XLA's temporaries, a log's `workspace<n>` results) counts while
+it runs (`CheckmateGraph.transient`), as in the simulator.
+
+Every limit but `time_limit` is on work (HiGHS's branch-and-bound nodes,
+rounds of refinement), so that with `time_limit=None` a trace always gets
+the same answer: `jdtr.grad`'s planner solves so (`OptimalResult.stages`,
+written as a run by `jdtr.offline.stage_line`).
 """
 
 from .graph import CheckmateGraph as CheckmateGraph

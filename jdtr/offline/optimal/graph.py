@@ -32,6 +32,11 @@ class CheckmateGraph:
         view, the storage it views too.
       outputs: nodes that must be resident at the end.
       constant_bytes: bytes of constants, resident throughout.
+      transient: per node, bytes it needs beside its own size while it is
+        computed (empty: none): its call's workspace (XLA's temporaries).
+        A call's other outputs are not counted (as Checkmate does not): a
+        run that makes them all at once measures itself
+        (`jdtr.offline.stage_line`).
     """
 
     names: tuple[str, ...]
@@ -40,6 +45,11 @@ class CheckmateGraph:
     deps: tuple[tuple[int, ...], ...]
     outputs: tuple[int, ...]
     constant_bytes: int
+    transient: tuple[int, ...] = ()
+
+    def transient_bytes(self, k: int) -> int:
+        """Bytes node k needs beside its size while it is computed."""
+        return self.transient[k] if self.transient else 0
 
     def __len__(self) -> int:
         return len(self.sizes)
@@ -64,7 +74,7 @@ class CheckmateGraph:
         memory = peak = self.constant_bytes
         for k, size in enumerate(self.sizes):
             memory += size
-            peak = max(peak, memory)
+            peak = max(peak, memory + self.transient_bytes(k))
             memory -= sum(self.sizes[i] for i in frees.get(k, ()))
         return peak
 
@@ -74,7 +84,10 @@ class CheckmateGraph:
 
     def required_bytes(self) -> int:
         """The least budget any schedule needs: each node with its inputs, and the outputs together."""
-        one_op = max((self.sizes[k] + sum(self.sizes[i] for i in deps) for k, deps in enumerate(self.deps)), default=0)
+        one_op = max(
+            (self.sizes[k] + self.transient_bytes(k) + sum(self.sizes[i] for i in deps) for k, deps in enumerate(self.deps)),
+            default=0,
+        )
         outputs = sum(self.sizes[o] for o in self.outputs)
         return self.constant_bytes + max(one_op, outputs)
 
@@ -85,6 +98,7 @@ def checkmate_graph(program: Program) -> CheckmateGraph:
     Every output of a `ComputeStep` that is not a constant is a node; a view
     (`ALIAS` >= 0) is a 0-byte node whose readers also read the storage it
     views. `RELEASE`s are dropped: when to free is the MILP's decision.
+    A call's workspace is each of its nodes' `transient` bytes.
     """
     node_of: dict[int, Optional[int]] = {}  # value -> its node, None for a constant
     root_of: dict[int, Optional[int]] = {}  # value -> the node of the storage it lives in
@@ -92,6 +106,7 @@ def checkmate_graph(program: Program) -> CheckmateGraph:
     sizes: list[int] = []
     costs: list[float] = []
     deps: list[tuple[int, ...]] = []
+    transient: list[int] = []
     constant_bytes = 0
     for step in program.steps:
         if not isinstance(step, ComputeStep):
@@ -112,15 +127,30 @@ def checkmate_graph(program: Program) -> CheckmateGraph:
             sizes.append(size)
             costs.append(step.cost / len(step.outputs))
             deps.append(inputs)
+            transient.append(step.workspace)
     outputs = set()
     for value in program.outputs:
         outputs.update(n for n in (node_of[value], root_of[value]) if n is not None)
-    return CheckmateGraph(tuple(names), tuple(sizes), tuple(costs), tuple(deps), tuple(sorted(outputs)), constant_bytes)
+    return CheckmateGraph(
+        tuple(names), tuple(sizes), tuple(costs), tuple(deps), tuple(sorted(outputs)), constant_bytes, tuple(transient)
+    )
 
 
 
 # A stage schedule: per stage, the nodes computed (in order) and the nodes held after it.
 Stages = list[tuple[tuple[int, ...], frozenset[int]]]
+
+
+@dataclass(frozen=True, order=True)
+class Scheduled:
+    """A stage schedule with its total compute and its computations beyond
+    the first of each node; ordered by those two, cheapest first. `source`
+    names the heuristic whose run it is, if one is."""
+
+    cost: float
+    recomputations: int
+    stages: Stages = field(compare=False, repr=False)
+    source: str = field(default="", compare=False)
 
 
 def useful_until(graph: CheckmateGraph) -> list[int]:

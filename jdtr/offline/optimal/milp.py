@@ -15,7 +15,7 @@ import time
 from dataclasses import dataclass, replace
 from typing import Iterable, Optional
 
-from .graph import CheckmateGraph, Intervals, useful_until
+from .graph import CheckmateGraph, Intervals, Scheduled, useful_until
 from .model import Model, memory_unit
 from .stages import cost_of, realize
 
@@ -88,7 +88,7 @@ def build_model(
     constant_memory = graph.constant_bytes / unit
     for t in range(n):  # the frontier's moment
         inputs = set(deps[t])
-        required = constant_memory + sizes[t] + sum(sizes[i] for i in inputs)
+        required = constant_memory + sizes[t] + graph.transient_bytes(t) / unit + sum(sizes[i] for i in inputs)
         held = [(S[t + 1, i], sizes[i]) for i in range(t) if i not in inputs and sizes[i] and (t + 1, i) in S]
         if held:
             model.constraint(held, -math.inf, budget_bytes / unit - required)
@@ -105,6 +105,8 @@ def build_model(
             else:
                 terms = [(memory, 1.0), (previous, -1.0), *frees, (R[t, k], -float(sizes[k]))]
                 model.constraint(terms, 0.0, 0.0)
+            if graph.transient_bytes(k):  # while k runs it needs these too
+                model.constraint([(memory, 1.0), (R[t, k], graph.transient_bytes(k) / unit)], -math.inf, budget_bytes / unit)
             frees = []
             for i in (*deps[k], k):  # what may be freed once k has run
                 if not sizes[i]:
@@ -130,7 +132,7 @@ class _Solved:
     recomputations (None: none found), a lower bound, and the last model's size."""
 
     status: str
-    best: Optional[tuple[float, int]]
+    best: Optional[Scheduled]
     bound: float
     rounds: int
     stages_checked: int
@@ -144,6 +146,7 @@ def checkmate(
     deadline: Optional[float],
     rel_gap: float,
     lazy: bool = True,
+    node_limit: Optional[int] = None,
 ) -> _Solved:
     """Checkmate's MILP, solved with its memory rows added where needed.
 
@@ -155,7 +158,8 @@ def checkmate(
     schedule (`realize`), and every stage that breaks the budget gets its
     memory rows for the next solve. A solution whose schedule fits is
     Checkmate-feasible and optimal for a relaxation, so optimal for
-    Checkmate; every round's dual bound is a bound. `lazy=False` builds
+    Checkmate; every round's dual bound is a bound. `node_limit` bounds each
+    solve's branch-and-bound nodes. `lazy=False` builds
     every stage's rows at once (Checkmate's model as published).
     """
     n = len(graph)
@@ -165,7 +169,7 @@ def checkmate(
     while True:
         model, R, S = build_model(graph, budget_bytes, checked if lazy else None)
         left = None if deadline is None else max(deadline - time.perf_counter(), 0.0)
-        solution = model.solve(left, rel_gap)
+        solution = model.solve(left, rel_gap, node_limit)
         rounds += 1
         nodes += int(getattr(solution, "mip_node_count", 0) or 0)
         if solution.status not in (0, 1, 2):
@@ -189,7 +193,7 @@ def checkmate(
         realized = realize(graph, budget_bytes, decisions, hold_recomputed=False)
         if realized.stages is not None:
             best = cost_of(graph, realized.stages)
-            optimum = solution.status == 0 or best[0] <= bound * (1 + rel_gap)
+            optimum = solution.status == 0 or best.cost <= bound * (1 + rel_gap)
             return replace(solved, status="optimal" if optimum else "timeout", best=best)
         if solution.status != 0 or not lazy:
             return solved

@@ -35,8 +35,10 @@ class Model:
         self.row_lower.append(lower)
         self.row_upper.append(upper)
 
-    def solve(self, time_limit: Optional[float], rel_gap: float) -> Any:
-        """HiGHS's solution (`scipy.optimize.milp`), within `rel_gap` of optimal or by `time_limit` seconds."""
+    def solve(self, time_limit: Optional[float], rel_gap: float, node_limit: Optional[int] = None) -> Any:
+        """HiGHS's solution (`scipy.optimize.milp`), within `rel_gap` of
+        optimal, or by `time_limit` seconds or `node_limit` branch-and-bound
+        nodes (a limit that, unlike time, gives the same answer every run)."""
         import numpy as np
         from scipy.optimize import Bounds, LinearConstraint, milp
         from scipy.sparse import csr_array
@@ -47,13 +49,20 @@ class Model:
         options: dict[str, Any] = {"disp": False, "mip_rel_gap": rel_gap}
         if time_limit is not None:
             options["time_limit"] = max(float(time_limit), 0.0)
-        return milp(
+        if node_limit is not None:
+            options["node_limit"] = int(node_limit)
+        solution = milp(
             np.asarray(self.objective),
             integrality=np.asarray(self.integer),
             bounds=Bounds(np.asarray(self.lower), np.asarray(self.upper)),
             constraints=LinearConstraint(matrix, np.asarray(self.row_lower), np.asarray(self.row_upper)),
             options=options,
         )
+        if solution.status == 4 and "limit reached" in str(solution.message).lower():
+            # scipy does not know every one of HiGHS's limits (its node limit
+            # comes back as "status 16: solution limit reached"): a limit all the same.
+            solution.status = 1
+        return solution
 
     def size(self) -> dict[str, int]:
         """Variables, binaries and constraints, as `OptimalResult` reports them."""

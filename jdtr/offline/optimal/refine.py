@@ -6,7 +6,7 @@ import math
 import time
 from typing import Optional
 
-from .graph import CheckmateGraph, Intervals
+from .graph import CheckmateGraph, Intervals, Scheduled
 from .relaxation import INTERVAL_TIME_LIMIT, solve_intervals
 from .stages import Realized, cheapest_schedule, cost_of, realize
 
@@ -16,10 +16,13 @@ def refine(
     budget_bytes: int,
     decisions: Intervals,
     schedules: list[Realized],
-    best: Optional[tuple[float, int]],
+    best: Optional[Scheduled],
     deadline: Optional[float],
     rel_gap: float,
-) -> tuple[float, Optional[tuple[float, int]], int, int]:
+    node_limit: Optional[int] = None,
+    max_rounds: Optional[int] = None,
+    priced: bool = True,
+) -> tuple[float, Optional[Scheduled], int, int]:
     """Tighten the interval relaxation where its schedules show it wrong.
 
     `schedules` are the first decisions' realizations (`schedules`), `best` the best known.
@@ -30,25 +33,27 @@ def refine(
     fit, the nodes of the stage that overflows and their inputs — then
     solves again. Every round's bound is a bound and every schedule a
     schedule, so the best of each is kept. It stops when a schedule meets
-    the bound, when there is nothing left to refine, or at `deadline`
-    (`time.perf_counter()` seconds).
+    the bound, when there is nothing left to refine, at `deadline`
+    (`time.perf_counter()` seconds), or after `max_rounds`. `node_limit`
+    bounds each of HiGHS's branch-and-bound searches; `priced` also solves
+    the relaxation that prices recomputation inputs for schedules.
 
     Returns:
-      The best bound (inf: no schedule fits), the best schedule's compute and
-      recomputations, the rounds solved and the nodes refined.
+      The best bound (inf: no schedule fits), the best schedule, the rounds
+      solved and the nodes refined.
     """
     bound, refined, rounds = decisions.bound, frozenset(), 0
 
     def remaining() -> Optional[float]:
         return None if deadline is None else deadline - time.perf_counter()
 
-    while best is None or best[0] > bound * (1 + rel_gap):
+    while best is None or best.cost > bound * (1 + rel_gap):
         wanted = _missed_by(graph, decisions, schedules) - refined
         left = remaining()
-        if not wanted or (left is not None and left <= 0):
+        if not wanted or (left is not None and left <= 0) or (max_rounds is not None and rounds >= max_rounds):
             break
         refined |= wanted
-        decisions = solve_intervals(graph, budget_bytes, left, rel_gap, refined=refined)
+        decisions = solve_intervals(graph, budget_bytes, left, rel_gap, refined=refined, node_limit=node_limit)
         rounds += 1
         if decisions.bound == math.inf and best is not None:
             break  # HiGHS's "infeasible" despite a schedule that fits: a numerical failure, not a bound
@@ -56,25 +61,37 @@ def refine(
         if bound == math.inf:
             break
         left = remaining()
-        limit = INTERVAL_TIME_LIMIT if left is None else min(INTERVAL_TIME_LIMIT, max(left, 0.0))
-        found, schedules = realize_relaxations(graph, budget_bytes, decisions, bound, rel_gap, limit)
+        if left is not None:
+            limit: Optional[float] = min(INTERVAL_TIME_LIMIT, max(left, 0.0))
+        else:
+            limit = None if node_limit is not None else INTERVAL_TIME_LIMIT
+        found, schedules = realize_relaxations(graph, budget_bytes, decisions, bound, rel_gap, limit, node_limit, priced)
         best = min((s for s in (best, found) if s is not None), default=None)
     return bound, best, rounds, len(refined)
 
 
 def realize_relaxations(
-    graph: CheckmateGraph, budget_bytes: int, decisions: Intervals, bound: float, rel_gap: float, time_limit: float
-) -> tuple[Optional[tuple[float, int]], list[Realized]]:
+    graph: CheckmateGraph,
+    budget_bytes: int,
+    decisions: Intervals,
+    bound: float,
+    rel_gap: float,
+    time_limit: Optional[float],
+    node_limit: Optional[int] = None,
+    priced: bool = True,
+) -> tuple[Optional[Scheduled], list[Realized]]:
     """The cheapest schedule these decisions give (compute, recomputations)
     or, where it does not meet `bound`, the cheaper with that of the
     relaxation that prices what recomputing needs (same refined nodes;
-    often cheaper); and the decisions' own two realizations (`realize`,
+    often cheaper; with `priced` only); and the decisions' own two realizations (`realize`,
     not holding and holding values recomputed only as inputs)."""
     realized = [realize(graph, budget_bytes, decisions, hold) for hold in (False, True)]
     best = min((cost_of(graph, r.stages) for r in realized if r.stages is not None), default=None)
-    if best is None or best[0] > bound * (1 + rel_gap):
-        priced = solve_intervals(graph, budget_bytes, time_limit, rel_gap, price_inputs=True, refined=decisions.refined)
-        other = cheapest_schedule(graph, budget_bytes, priced)
+    if priced and (best is None or best.cost > bound * (1 + rel_gap)):
+        other_decisions = solve_intervals(
+            graph, budget_bytes, time_limit, rel_gap, price_inputs=True, refined=decisions.refined, node_limit=node_limit
+        )
+        other = cheapest_schedule(graph, budget_bytes, other_decisions)
         best = min((s for s in (best, other) if s is not None), default=None)
     return best, realized
 

@@ -61,6 +61,7 @@ def solve_intervals(
     rel_gap: float = 1e-4,
     price_inputs: bool = False,
     refined: frozenset[int] = frozenset(),
+    node_limit: Optional[int] = None,
 ) -> Intervals:
     """The interval relaxation (see `interval_bound`). With `price_inputs`,
     dropping a value also costs recomputing its inputs that are gone by
@@ -91,7 +92,7 @@ def solve_intervals(
             previous = read
     kept, recompute = _refined_variables(model, graph, users, outputs, refined)
     for t in range(n):
-        required = graph.constant_bytes + graph.sizes[t] + sum(graph.sizes[i] for i in graph.deps[t])
+        required = graph.constant_bytes + graph.sizes[t] + graph.transient_bytes(t) + sum(graph.sizes[i] for i in graph.deps[t])
         optional = sum(size for _, size in open_at[t])
         inputs = set(graph.deps[t])
         held = [(kept[i, t + 1], graph.sizes[i] / unit) for i in refined if i < t and i not in inputs and (i, t + 1) in kept]
@@ -104,7 +105,7 @@ def solve_intervals(
         model.constraint([*((var, size) for var, size in open_at[t]), *((k, -size) for k, size in held)], excess, math.inf)
     if not model.row_lower:
         return Intervals(baseline, {}, refined)  # every moment fits with everything kept
-    solution = model.solve(time_limit, rel_gap)
+    solution = model.solve(time_limit, rel_gap, node_limit)
     if solution.status == 2:
         return Intervals(math.inf, {}, refined)
     # The dual bound, not the schedule found: HiGHS stops within a gap of it.

@@ -5,13 +5,13 @@ from __future__ import annotations
 import math
 import os
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass, field, fields
 from typing import Any, Optional
 
 from ...budget import BudgetLike, parse_budget
 from ...oplog import Trace
 from ..driver import as_trace, log_workload
-from .graph import checkmate_graph
+from .graph import Scheduled, Stages, checkmate_graph
 from .milp import MILP_MAX_BINARIES, checkmate
 from .refine import realize_relaxations, refine
 from .relaxation import INTERVAL_TIME_LIMIT, solve_intervals
@@ -64,6 +64,10 @@ class OptimalResult:
         and the MILP).
       solver: the solver, with the scipy version.
       message: the solver's message, or why no MILP was needed.
+      stages: the best schedule found, as Checkmate's stages over the
+        graph's nodes (`checkmate_graph`): per stage, the nodes computed in
+        order and the nodes held after it; None without a schedule. Not in
+        `to_dict`.
     """
 
     status: str
@@ -84,6 +88,7 @@ class OptimalResult:
     solve_time_s: float
     solver: str
     message: str
+    stages: Optional[Stages] = field(default=None, repr=False, compare=False)
 
     @property
     def ok(self) -> bool:
@@ -91,8 +96,8 @@ class OptimalResult:
         return self.total_cost is not None
 
     def to_dict(self) -> dict[str, Any]:
-        """The fields, for JSON."""
-        return asdict(self)
+        """The fields, for JSON (the schedule left out)."""
+        return {f.name: getattr(self, f.name) for f in fields(self) if f.name != "stages"}
 
 
 
@@ -109,6 +114,9 @@ def optimal(
     time_limit: Optional[float] = 60.0,
     rel_gap: float = 1e-6,
     method: str = "auto",
+    node_limit: Optional[int] = None,
+    max_rounds: Optional[int] = None,
+    priced: bool = True,
 ) -> OptimalResult:
     """The least total compute of any rematerialization schedule of `trace` under `budget`.
 
@@ -123,7 +131,7 @@ def optimal(
     proves optima within a minute for traces of up to about two hundred
     operators down to budgets of 0.7 to 0.5 of their peak, depending on
     the model (and every budget of the 60-operator `rnn(2, 32, 8, 64)`,
-    which the refinement alone leaves open at 0.6 and 0.5); at tighter
+    which the refinement alone leaves open at 0.5); at tighter
     budgets, or on larger traces, expect "timeout" with the best schedule
     and bound found, the optimum between them (docs/simulator.md).
 
@@ -172,6 +180,13 @@ def optimal(
         relaxation when its schedule meets its bound. The MILP's memory
         rows are added stage by stage where its solutions overflow (see
         `checkmate`); its answer is Checkmate's.
+      node_limit: branch-and-bound nodes for each of HiGHS's solves (None:
+        no limit). With `time_limit=None` and `max_rounds`, a limit on work
+        rather than time: the same trace always gets the same answer (the
+        first relaxations then have no time limit either).
+      max_rounds: rounds of refinement at most (None: no limit).
+      priced: also solve, for schedules, the relaxation that prices what
+        recomputing needs (often a cheaper schedule; often most of the time).
 
     Returns:
       An `OptimalResult`. Infeasible budgets and timeouts are results, not errors.
@@ -212,26 +227,21 @@ def optimal(
         solver=_solver_name(),
     )
 
-    seed: Optional[tuple[float, int, str]] = None  # the best heuristic's run, once known
+    seed: Optional[Scheduled] = None  # the best heuristic's run, once known
 
-    def result(
-        status: str,
-        message: str,
-        total: Optional[float] = None,
-        bound: Optional[float] = None,
-        recomputations: Optional[int] = None,
-        **solver: int,
-    ) -> OptimalResult:
-        if seed is not None and total is not None and total == seed[0]:
-            message += f"; the schedule is {seed[2]}'s run"
+    def result(status: str, message: str, best: Optional[Scheduled] = None, bound: Optional[float] = None, **solver: int) -> OptimalResult:
+        if seed is not None and best is not None and best.cost == seed.cost:
+            message += f"; the schedule is {seed.source}'s run"
+        total = None if best is None else best.cost
         return OptimalResult(
             status=status,
             total_cost=total,
             overhead=None if total is None else (total / baseline if baseline > 0 else 1.0),
             bound=bound,
-            recomputations=recomputations,
+            recomputations=None if best is None else best.recomputations,
             solve_time_s=time.perf_counter() - start,
             message=message,
+            stages=None if best is None else best.stages,
             **{"variables": 0, "integer_variables": 0, "constraints": 0, "solver_nodes": 0, **solver},
             **facts,
         )
@@ -239,24 +249,27 @@ def optimal(
     if facts["required_bytes"] > budget_bytes:
         return result("infeasible", f"no schedule fits: it needs at least {facts['required_bytes']} bytes")
     if not len(graph):
-        return result("optimal", "nothing to compute", 0.0, 0.0, 0)
-    intervals = solve_intervals(graph, budget_bytes, rel_gap=rel_gap)
+        return result("optimal", "nothing to compute", Scheduled(0.0, 0, []), 0.0)
+    # With a limit on work alone, no solve has a limit on time.
+    first_limit = None if time_limit is None and node_limit is not None else INTERVAL_TIME_LIMIT
+    intervals = solve_intervals(graph, budget_bytes, first_limit, rel_gap=rel_gap, node_limit=node_limit)
     relaxed = intervals.bound
     if relaxed == math.inf:
         return result("infeasible", "no schedule fits: some step's values alone exceed the budget")
     # The relaxation's decisions, run as a schedule: where that schedule
     # costs no more than the relaxation's bound, it is optimal, and the
     # large MILP is not needed; else it is a schedule the MILP must beat.
-    realized, schedules = realize_relaxations(graph, budget_bytes, intervals, relaxed, rel_gap, INTERVAL_TIME_LIMIT)
+    realized, schedules = realize_relaxations(
+        graph, budget_bytes, intervals, relaxed, rel_gap, first_limit, node_limit, priced
+    )
     # DTR's own runs at this budget are stage schedules too, often better
     # than the relaxations' at tight budgets: the schedule to beat.
     seed = heuristic_schedule(workload, graph, budget_bytes)
-    if seed is not None and (realized is None or seed[0] < realized[0]):
-        realized = seed[:2]
-    if realized is not None and realized[0] <= relaxed * (1 + rel_gap):
+    if seed is not None and (realized is None or seed.cost < realized.cost):
+        realized = seed
+    if realized is not None and realized.cost <= relaxed * (1 + rel_gap):
         return result(
-            "optimal", "the interval relaxation's bound proves a schedule optimal", realized[0],
-            min(relaxed, realized[0]), realized[1],
+            "optimal", "the interval relaxation's bound proves a schedule optimal", realized, min(relaxed, realized.cost)
         )
     binaries = graph.milp_binaries()
     solve_milp = method == "milp" or (method == "auto" and binaries <= MILP_MAX_BINARIES)
@@ -272,38 +285,36 @@ def optimal(
         # 64) at 0.5: nothing in 450 s). So it gets most of the time.
         share = 0.8 if solve_milp else 1.0
         limit = None if time_limit is None else time.perf_counter() + share * max(time_limit, 0.0)
-        relaxed, realized, rounds, refined = refine(graph, budget_bytes, intervals, schedules, realized, limit, rel_gap)
+        relaxed, realized, rounds, refined = refine(
+            graph, budget_bytes, intervals, schedules, realized, limit, rel_gap, node_limit, max_rounds, priced
+        )
         if relaxed == math.inf:
             return result("infeasible", "no schedule fits: the refined relaxation has no solution")
         done = f"{rounds} round{'s' if rounds != 1 else ''} of refinement, {refined} nodes refined"
-        if realized is not None and realized[0] <= relaxed * (1 + rel_gap):
+        if realized is not None and realized.cost <= relaxed * (1 + rel_gap):
             return result(
-                "optimal", f"the refined relaxation's bound proves a schedule optimal ({done})", realized[0],
-                min(relaxed, realized[0]), realized[1],
+                "optimal", f"the refined relaxation's bound proves a schedule optimal ({done})", realized,
+                min(relaxed, realized.cost),
             )
         if not solve_milp:
             why = "method='relaxation'" if method == "relaxation" else (
                 f"Checkmate's MILP would have {binaries:,} binaries (more than {MILP_MAX_BINARIES:,}): not built"
             )
-            total, recomputations = realized if realized is not None else (None, None)
-            return result("timeout", f"{why}; {done}", total, relaxed, recomputations)
-    solved = checkmate(graph, budget_bytes, deadline, rel_gap)
+            return result("timeout", f"{why}; {done}", realized, relaxed)
+    solved = checkmate(graph, budget_bytes, deadline, rel_gap, node_limit=node_limit)
     rows = f"memory rows for {solved.stages_checked} of {len(graph)} stages, {solved.rounds} solve{'s' if solved.rounds != 1 else ''}"
     message = f"Checkmate's MILP ({rows}): {solved.message}" + (f"; before it, {done}" if done else "")
     if solved.status == "infeasible":
         if realized is not None:  # HiGHS's "infeasible" despite a schedule that fits: numerical, not a proof
-            return result(
-                "timeout", f"HiGHS called a model with a schedule infeasible ({rows})", realized[0], relaxed,
-                realized[1], **solved.solver,
-            )
+            return result("timeout", f"HiGHS called a model with a schedule infeasible ({rows})", realized, relaxed, **solved.solver)
         return result("infeasible", message, **solved.solver)
     bound = max(solved.bound, relaxed)
     best = min((s for s in (solved.best, realized) if s is not None), default=None)
     status = solved.status
-    if best is not None and best[0] <= bound * (1 + rel_gap):
+    if best is not None and best.cost <= bound * (1 + rel_gap):
         status = "optimal"  # the relaxation proves the schedule found optimal
     if best is None:
         return result(status, message, bound=bound, **solved.solver)
     if status == "optimal":
-        bound = min(bound, best[0])
-    return result(status, message, best[0], bound, best[1], **solved.solver)
+        bound = min(bound, best.cost)
+    return result(status, message, best, bound, **solved.solver)

@@ -8,12 +8,12 @@ solvers start from.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Optional
 
 from ...runtime import Observer
 from ..driver import Workload, run
-from .graph import CheckmateGraph, Intervals, Stages, useful_until
+from .graph import CheckmateGraph, Intervals, Scheduled, Stages, useful_until
 
 
 # DTR's heuristics whose runs at the budget `optimal` reads as stage
@@ -74,7 +74,7 @@ def realize(graph: CheckmateGraph, budget_bytes: int, decisions: Intervals, hold
                 resident.discard(i)
                 memory -= graph.sizes[i]
         for k in order:
-            if memory + graph.sizes[k] > budget_bytes and not (overflowing and overflowing[-1] == t):
+            if memory + graph.sizes[k] + graph.transient_bytes(k) > budget_bytes and not (overflowing and overflowing[-1] == t):
                 overflowing.append(t)
                 overflow = overflow or order
             memory += graph.sizes[k]
@@ -90,11 +90,9 @@ def realize(graph: CheckmateGraph, budget_bytes: int, decisions: Intervals, hold
     return Realized(None if overflowing else stages, overflow, tuple(overflowing))
 
 
-def cheapest_schedule(
-    graph: CheckmateGraph, budget_bytes: int, decisions: Intervals
-) -> Optional[tuple[float, int]]:
+def cheapest_schedule(graph: CheckmateGraph, budget_bytes: int, decisions: Intervals) -> Optional[Scheduled]:
     """The cheaper of the two schedules for these decisions (holding values
-    recomputed only as inputs, or not): total compute and recomputations."""
+    recomputed only as inputs, or not)."""
     schedules = (schedule_from_intervals(graph, budget_bytes, decisions, hold) for hold in (True, False))
     return min((cost_of(graph, stages) for stages in schedules if stages is not None), default=None)
 
@@ -164,7 +162,7 @@ class StageRecorder(Observer):
 
 def heuristic_schedule(
     workload: Workload, graph: CheckmateGraph, budget_bytes: int
-) -> Optional[tuple[float, int, str]]:
+) -> Optional[Scheduled]:
     """The cheapest of `SEED_HEURISTICS`' runs at the budget, as stage schedules.
 
     A run is one of Checkmate's schedules as long as it rematerializes each
@@ -173,11 +171,11 @@ def heuristic_schedule(
     did or less. So `optimal` is never worse than these heuristics.
 
     Returns:
-      Total compute, recomputations and the heuristic; None if no run
-      finished or fits as a stage schedule.
+      The schedule, its `source` the heuristic; None if no run finished or
+      fits as a stage schedule.
     """
     until = useful_until(graph)
-    best: Optional[tuple[float, int, str]] = None
+    best: Optional[Scheduled] = None
     for heuristic in SEED_HEURISTICS:
         recorder = StageRecorder(until)
         if not run(workload, budget_bytes, heuristic, observers=[recorder]).ok:
@@ -186,16 +184,16 @@ def heuristic_schedule(
         if decisions is None:
             return None
         schedule = cheapest_schedule(graph, budget_bytes, decisions)
-        if schedule is not None and (best is None or schedule[0] < best[0]):
-            best = (*schedule, heuristic)
+        if schedule is not None and (best is None or schedule.cost < best.cost):
+            best = replace(schedule, source=heuristic)
     return best
 
 
 
-def cost_of(graph: CheckmateGraph, stages: Stages) -> tuple[float, int]:
-    """Total compute of a stage schedule, and its computations beyond the first of each node."""
+def cost_of(graph: CheckmateGraph, stages: Stages) -> Scheduled:
+    """A stage schedule with its total compute and its computations beyond the first of each node."""
     computed = [k for order, _ in stages for k in order]
-    return float(sum(graph.costs[k] for k in computed)), len(computed) - len(graph)
+    return Scheduled(float(sum(graph.costs[k] for k in computed)), len(computed) - len(graph), stages)
 
 
 
