@@ -23,7 +23,10 @@ from .stats import Stats as Stats
 from .oplog import LogFormatError as LogFormatError
 from .oplog import Trace as Trace
 from .oplog import TraceRecorder as TraceRecorder
+from .transform import CacheInfo as CacheInfo
 from .transform import OpInfo as OpInfo
+from .transform import cache_info as cache_info
+from .transform import clear_caches as clear_caches
 from .transform import Plan as Plan
 from .transform import RooflineCostModel as RooflineCostModel
 from .transform import SavePolicy as SavePolicy
@@ -38,6 +41,7 @@ __version__ = "0.2.0"
 
 __all__ = [
     "Budget",
+    "CacheInfo",
     "DEFAULT_HEURISTIC",
     "HEURISTICS",
     "Heuristic",
@@ -52,6 +56,8 @@ __all__ = [
     "Stats",
     "Trace",
     "TraceRecorder",
+    "cache_info",
+    "clear_caches",
     "grad",
     "optimal",
     "parse_budget",

@@ -21,7 +21,7 @@ from jdtr.offline import Compute
 from jdtr.transform import chunks as chunks_module
 from jdtr.transform.chunks import Chunk, compiled_chunks, cut
 from jdtr.transform.executor import Execution, slot_avals
-from jdtr.transform.gradients import MAX_PLANS_PER_TRACE
+from jdtr.transform.caches import MAX_PLANS_PER_TRACE, MAX_TRACES_PER_FUNCTION
 from jdtr.transform.planner import OPTIMAL_MAX_EQUATIONS, PORTFOLIO, QUICK_OVERHEAD, candidates, plan_run
 
 MODELS = {
@@ -503,3 +503,34 @@ def test_the_optimal_schedule_written_as_a_line_computes_jax_grads_gradients_wit
     value, grads = jax.tree_util.tree_unflatten(traced.out_tree, outputs)
     assert_close(grads, jax.grad(model.loss)(model.params, model.batch))
     assert not any(leaf.is_deleted() for leaf in leaves)
+
+
+def test_caches_are_bounded_reported_and_cleared():
+    """A new argument structure per call (a dynamic model) keeps at most
+    MAX_TRACES_PER_FUNCTION traces; `jdtr.cache_info()` counts what the caches
+    hold, the constants' device bytes by the traces' own constants; after
+    `jdtr.clear_caches()` they hold nothing and calls trace, plan and compile again."""
+    constant = jnp.arange(1000.0)  # a jaxpr constant: device bytes a trace keeps alive
+
+    def loss(x):
+        return jnp.sum(jnp.tanh(x) * constant[: x.shape[0]])
+
+    f = jdtr.grad(loss, budget=1.0, return_stats=True)
+    jdtr.clear_caches()
+    for n in range(1, MAX_TRACES_PER_FUNCTION + 6):
+        f(jnp.ones((n,)))
+    assert len(f.cache) == MAX_TRACES_PER_FUNCTION
+    assert f(jnp.ones((MAX_TRACES_PER_FUNCTION + 5,)))[1].cache_hit  # the most recent stay
+    assert not f(jnp.ones((1,)))[1].cache_hit  # the least recent went
+    f(jnp.ones((1,)))  # its plan's second run: compiled chunks
+    info = jdtr.cache_info()
+    traces = f.cache.values()
+    assert info.traces >= len(traces) == MAX_TRACES_PER_FUNCTION
+    assert info.plans >= sum(len(t.plans) for t in traces) >= MAX_TRACES_PER_FUNCTION
+    assert info.constant_bytes >= sum(t.constant_bytes for t in traces) == MAX_TRACES_PER_FUNCTION * constant.nbytes
+    assert info.compiled_chunks == compiled_chunks() > 0
+    jdtr.clear_caches()
+    assert jdtr.cache_info() == jdtr.CacheInfo(0, 0, 0, 0, 0) and len(f.cache) == 0
+    grads, stats = f(jnp.ones((3,)))
+    assert not stats.cache_hit and stats.planning_time_s > 0
+    np.testing.assert_allclose(np.asarray(grads), np.asarray(jax.grad(loss)(jnp.ones((3,)))), rtol=1e-6)

@@ -16,6 +16,9 @@ Modules, by the path a call takes:
 Every touch of JAX's internals goes through `_jax_core`.
 """
 
+from .caches import CacheInfo as CacheInfo
+from .caches import cache_info as cache_info
+from .caches import clear_caches as clear_caches
 from .costs import OpInfo as OpInfo
 from .costs import RooflineCostModel as RooflineCostModel
 from .gradients import grad as grad
@@ -31,12 +34,15 @@ from .segments import SavePolicy as SavePolicy
 from .segments import Segment as Segment
 
 __all__ = [
+    "CacheInfo",
     "OpInfo",
     "Plan",
     "Program",
     "RooflineCostModel",
     "SavePolicy",
     "Segment",
+    "cache_info",
+    "clear_caches",
     "grad",
     "normalize",
     "plan",

@@ -223,7 +223,8 @@ def _chunk(line: StraightLine, avals: Sequence[Any], span: _Span, resident_bytes
     return Chunk(tuple(steps), inputs_t, outputs, tuple(frees), resident_bytes, call, peak)
 
 
-_COMPILED: "OrderedDict[Hashable, tuple[Callable, tuple[int, int, int], tuple]]" = OrderedDict()
+# key -> (the compiled program, (output, alias, temporary) bytes, the executables, code bytes)
+_COMPILED: "OrderedDict[Hashable, tuple[Callable, tuple[int, int, int], tuple, int]]" = OrderedDict()
 _LOCK = threading.Lock()
 
 
@@ -267,6 +268,7 @@ def _compiled(
         warnings.filterwarnings("ignore", message="Some donated buffers were not usable")
         compiled = jax.jit(program, donate_argnums=donated).lower(*structs).compile()
     analysis = compiled.memory_analysis()
+    code = 0
     if analysis is None:  # no analysis: count every output and no temporaries
         sizes = (output_bytes, 0, 0)
     else:
@@ -275,9 +277,10 @@ def _compiled(
             int(analysis.alias_size_in_bytes),
             max(int(analysis.temp_size_in_bytes), 0),
         )
+        code = max(int(getattr(analysis, "generated_code_size_in_bytes", 0) or 0), 0)
     with _LOCK:
         # The executables stay referenced with the entry: their ids in the key stay theirs.
-        _COMPILED[key] = (compiled, sizes, executables)
+        _COMPILED[key] = (compiled, sizes, executables, code)
         while len(_COMPILED) > MAX_COMPILED_CHUNKS:
             _COMPILED.popitem(last=False)
     return compiled, sizes
@@ -287,3 +290,15 @@ def compiled_chunks() -> int:
     """How many compiled chunks the cache holds."""
     with _LOCK:
         return len(_COMPILED)
+
+
+def chunk_cache_size() -> tuple[int, int]:
+    """The compiled chunks cached, and the bytes of their generated code."""
+    with _LOCK:
+        return len(_COMPILED), sum(entry[3] for entry in _COMPILED.values())
+
+
+def clear_chunk_cache() -> None:
+    """Drops every compiled chunk (plans compiled before keep theirs)."""
+    with _LOCK:
+        _COMPILED.clear()

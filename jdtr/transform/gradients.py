@@ -28,12 +28,9 @@ from __future__ import annotations
 import functools
 import math
 import os
-import threading
 import time
-import weakref
-from collections import OrderedDict
-from dataclasses import dataclass, field
-from typing import Any, Callable, Hashable, Optional, Sequence, Union
+from dataclasses import dataclass
+from typing import Any, Callable, Optional, Sequence, Union
 
 import jax
 import jax.numpy as jnp
@@ -60,70 +57,11 @@ from .executable import assign_workspaces
 from .executor import Execution, slot_avals
 from .interpreter import Interpreter, JaxBackend, LiveArrayCheck, workload
 from .normalize import normalize
-from .planner import AUTO, PlannedRun, observe, plan_run, plannable, refine
-from .program import Program
+from .caches import Traced, trace_cache
+from .planner import AUTO, observe, plan_run, plannable, refine
 
 MODES = ("planned", "online")
 CHUNK_POLICIES = ("auto", "always", "never")
-# Plans kept per traced structure (budgets, heuristics, owned arguments), least recently used first out.
-MAX_PLANS_PER_TRACE = 8
-
-
-@dataclass
-class Traced:
-    """A traced, normalised value-and-grad, cached per argument structure."""
-
-    program: Program
-    out_tree: Any
-    unconstrained_peak: int
-    trace_time_s: float
-    plans: "OrderedDict[Hashable, PlannedRun]" = field(default_factory=OrderedDict, repr=False)
-    lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
-    refining: set = field(default_factory=set, repr=False)  # keys a thread is refining the plan of
-
-    def plan(self, key: Hashable, make: Callable[[], PlannedRun]) -> tuple[PlannedRun, bool]:
-        """The cached plan for `key`, made if there is none; and whether it was cached."""
-        with self.lock:
-            found = self.plans.get(key)
-            if found is not None:
-                self.plans.move_to_end(key)
-                return found, True
-        return self.replan(key, make()), False
-
-    def claim(self, key: Hashable) -> bool:
-        """Whether this thread is the one to refine `key`'s plan (no other is)."""
-        with self.lock:
-            if key in self.refining:
-                return False
-            self.refining.add(key)
-            return True
-
-    def replan(self, key: Hashable, plan: PlannedRun) -> PlannedRun:
-        """Caches `plan` for `key` (in place of any before it) and returns it."""
-        with self.lock:
-            self.refining.discard(key)
-            self.plans[key] = plan
-            self.plans.move_to_end(key)
-            while len(self.plans) > MAX_PLANS_PER_TRACE:
-                self.plans.popitem(last=False)
-        return plan
-
-
-_TRACES: "weakref.WeakKeyDictionary[Callable, dict]" = weakref.WeakKeyDictionary()
-
-
-def _trace_cache(fun: Callable, *config: Hashable) -> dict:
-    """Traces shared by every wrapper of the same function and configuration
-    (as `jax.jit` caches per function), so a new budget does not re-trace."""
-    try:
-        per_fun = _TRACES.setdefault(fun, {})
-    except TypeError:  # not weak-referenceable: the wrapper keeps its own
-        return {}
-    try:
-        return per_fun.setdefault(config, {})
-    except TypeError:  # an unhashable cost model
-        return {}
-
 
 @dataclass(eq=False, repr=False)
 class _ValueAndGrad:
@@ -146,7 +84,7 @@ class _ValueAndGrad:
 
     def __post_init__(self) -> None:
         self.argnum_tuple = argnums_tuple(self.argnums)
-        self.cache: dict[Hashable, Traced] = _trace_cache(self.fun, self.argnum_tuple, self.has_aux, self.cost_model)
+        self.cache = trace_cache(self.fun, self.argnum_tuple, self.has_aux, self.cost_model)
         self.cache_hits = 0
         self.cache_misses = 0
         functools.update_wrapper(self, self.fun)

@@ -193,7 +193,9 @@ def last_reads(program: Program) -> dict[Value, int]:
 
 
 def _walk_peak(program: Program, memory: int, peak: int, branch: bool) -> tuple[int, int]:
-    freed = {v for v in program.inputs}  # inputs belong to the caller of this program
+    # Inputs belong to the caller of this program; constants are the
+    # runtime's to keep (pinned) to the end: neither is freed at its last use.
+    freed = {v for v in program.inputs} | {v for v, _ in program.consts}
     for v in program.release_after.get(-1, []):
         if v not in freed:
             memory -= v.nbytes

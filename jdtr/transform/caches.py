@@ -1,0 +1,182 @@
+"""What `jdtr.grad` keeps between calls, bounded, and what it holds.
+
+Three caches, each least recently used first out:
+
+- traces (`Traced`: the normalised program of one argument structure),
+  `MAX_TRACES_PER_FUNCTION` per function and configuration, shared by every
+  wrapper of the same function as `jax.jit`'s are, and dropped with the
+  function;
+- plans, `MAX_PLANS_PER_TRACE` per trace (budgets, heuristics, owned
+  arguments);
+- compiled chunks (`chunks.py`), shared by all, keyed by content.
+
+A dynamic model (a TreeLSTM, a new tree each call) makes a trace per
+structure: the bound keeps its memory from growing with the number of
+structures seen. `cache_info()` reports what the caches hold, device bytes
+included (a trace keeps its jaxpr's constants alive), and `clear_caches()`
+empties them, as `jax.clear_caches()` does JAX's.
+"""
+
+from __future__ import annotations
+
+import threading
+import weakref
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from typing import Any, Callable, Hashable, Iterator, Optional
+
+from . import chunks
+from .planner import PlannedRun
+from .program import Program
+
+# Traces kept per function and configuration (argument structures).
+MAX_TRACES_PER_FUNCTION = 64
+# Plans kept per traced structure (budgets, heuristics, owned arguments).
+MAX_PLANS_PER_TRACE = 8
+
+
+@dataclass
+class Traced:
+    """A traced, normalised value-and-grad, cached per argument structure, with its plans."""
+
+    program: Program
+    out_tree: Any
+    unconstrained_peak: int
+    trace_time_s: float
+    plans: "OrderedDict[Hashable, PlannedRun]" = field(default_factory=OrderedDict, repr=False)
+    lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+    refining: set = field(default_factory=set, repr=False)  # keys a thread is refining the plan of
+
+    def plan(self, key: Hashable, make: Callable[[], PlannedRun]) -> tuple[PlannedRun, bool]:
+        """The cached plan for `key`, made if there is none; and whether it was cached."""
+        with self.lock:
+            found = self.plans.get(key)
+            if found is not None:
+                self.plans.move_to_end(key)
+                return found, True
+        return self.replan(key, make()), False
+
+    def claim(self, key: Hashable) -> bool:
+        """Whether this thread is the one to refine `key`'s plan (no other is)."""
+        with self.lock:
+            if key in self.refining:
+                return False
+            self.refining.add(key)
+            return True
+
+    def replan(self, key: Hashable, plan: PlannedRun) -> PlannedRun:
+        """Caches `plan` for `key` (in place of any before it) and returns it."""
+        with self.lock:
+            self.refining.discard(key)
+            self.plans[key] = plan
+            self.plans.move_to_end(key)
+            while len(self.plans) > MAX_PLANS_PER_TRACE:
+                self.plans.popitem(last=False)
+        return plan
+
+    @property
+    def constant_bytes(self) -> int:
+        """Device bytes of the jaxpr constants this trace keeps alive."""
+        return sum(int(getattr(array, "nbytes", 0)) for _, array in self.program.consts)
+
+
+class TraceCache:
+    """Traces of one function and configuration by argument structure, least recently used first out."""
+
+    def __init__(self, capacity: int = MAX_TRACES_PER_FUNCTION) -> None:
+        self.capacity = capacity
+        self._traces: "OrderedDict[Hashable, Traced]" = OrderedDict()
+        self._lock = threading.Lock()
+
+    def get(self, key: Hashable) -> Optional[Traced]:
+        with self._lock:
+            found = self._traces.get(key)
+            if found is not None:
+                self._traces.move_to_end(key)
+            return found
+
+    def __setitem__(self, key: Hashable, traced: Traced) -> None:
+        with self._lock:
+            self._traces[key] = traced
+            self._traces.move_to_end(key)
+            while len(self._traces) > self.capacity:
+                self._traces.popitem(last=False)
+
+    def values(self) -> list[Traced]:
+        with self._lock:
+            return list(self._traces.values())
+
+    def clear(self) -> None:
+        with self._lock:
+            self._traces.clear()
+
+    def __len__(self) -> int:
+        return len(self._traces)
+
+    def __iter__(self) -> Iterator[Hashable]:
+        return iter(list(self._traces))
+
+
+_TRACES: "weakref.WeakKeyDictionary[Callable, dict[Hashable, TraceCache]]" = weakref.WeakKeyDictionary()
+_UNSHARED: "weakref.WeakSet[TraceCache]" = weakref.WeakSet()  # caches of wrappers that could not share
+_LOCK = threading.Lock()
+
+
+def trace_cache(fun: Callable, *config: Hashable) -> TraceCache:
+    """The traces of `fun` under `config`, shared by every wrapper of the
+    same function and configuration, so a new budget does not re-trace."""
+    with _LOCK:
+        try:
+            per_fun = _TRACES.setdefault(fun, {})
+            return per_fun.setdefault(config, TraceCache())
+        except TypeError:  # not weak-referenceable, or an unhashable cost model: the wrapper keeps its own
+            cache = TraceCache()
+            _UNSHARED.add(cache)
+            return cache
+
+
+def _all_caches() -> list[TraceCache]:
+    with _LOCK:
+        shared = [cache for per_fun in list(_TRACES.values()) for cache in per_fun.values()]
+        return shared + list(_UNSHARED)
+
+
+@dataclass(frozen=True)
+class CacheInfo:
+    """What `jdtr.grad`'s caches hold (`jdtr.cache_info()`).
+
+    Attributes:
+      traces: traced argument structures, over all functions.
+      plans: plans of those traces.
+      compiled_chunks: compiled chunk programs (shared by all plans).
+      constant_bytes: device bytes of jaxpr constants the traces keep alive.
+      chunk_code_bytes: XLA's generated code of the compiled chunks, by its
+        `memory_analysis()` (0 where it reports none).
+    """
+
+    traces: int
+    plans: int
+    compiled_chunks: int
+    constant_bytes: int
+    chunk_code_bytes: int
+
+
+def cache_info() -> CacheInfo:
+    """What `jdtr.grad`'s trace, plan and chunk caches hold now."""
+    traces = [traced for cache in _all_caches() for traced in cache.values()]
+    count, code = chunks.chunk_cache_size()
+    return CacheInfo(
+        traces=len(traces),
+        plans=sum(len(t.plans) for t in traces),
+        compiled_chunks=count,
+        constant_bytes=sum(t.constant_bytes for t in traces),
+        chunk_code_bytes=code,
+    )
+
+
+def clear_caches() -> None:
+    """Empties `jdtr.grad`'s caches: traces, plans and compiled chunks. Later
+    calls trace, plan and compile again."""
+    for cache in _all_caches():
+        cache.clear()
+    chunks.clear_chunk_cache()
