@@ -95,22 +95,19 @@ class _Builder:
             for i in [i for i in self.where if i not in held and i not in last_read]:
                 self._free(i)  # neither read in this stage nor kept past it
             run: set[int] = set()  # operators this stage has run
+            wanted = set(order)
             for p, k in enumerate(order):
                 op = self.node_of[k][0]
                 if op not in run:
                     run.add(op)
-                    if not self._compute(op, set(order)):
+                    if not self._compute(op, wanted):
                         return None
-                for i in (*graph.deps[k], k):
-                    if i in self.where and i not in held and last_read.get(i, -1) <= p and not self._read_later(i, order, p):
+                for i in (*graph.deps[k], k):  # free what the stage reads no more and does not keep
+                    if i in self.where and i not in held and last_read.get(i, -1) <= p:
                         self._free(i)
             if not self.fits:
                 return None
         return self._finish()
-
-    def _read_later(self, i: int, order: tuple[int, ...], p: int) -> bool:
-        """Whether a node computed later in the stage reads node `i`."""
-        return any(i in self.graph.deps[k] for k in order[p + 1 :])
 
     def _compute(self, op: int, wanted: set[int]) -> bool:
         step = self.computes[op]
