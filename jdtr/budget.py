@@ -47,10 +47,14 @@ def parse_budget(budget: BudgetLike, name: str = "budget") -> Budget:
 
     Accepts an int (bytes), a string with a unit ("512MiB", "2GB", "1.5 GiB";
     KB/MB/GB are powers of 10, KiB/MiB/GiB powers of 2), a float in (0, 1] (a
-    fraction of the unconstrained peak) or None (no constraint: 1.0).
+    fraction of the unconstrained peak) or None (no constraint: 1.0); a
+    NumPy or JAX scalar as its Python value.
     """
     if budget is None:
         return Budget(fraction=1.0)
+    if not isinstance(budget, (int, float, str)) and getattr(budget, "shape", None) == () and hasattr(budget, "item"):
+        # A NumPy or JAX scalar (np.float32(0.5), jnp.float32(0.5), np.int64(2**30)): its Python value.
+        return parse_budget(budget.item(), name)
     if isinstance(budget, bool):
         raise TypeError(f"{name} must be bytes (int), a size string like '512MiB' or a fraction in (0, 1]; got {budget!r}")
     if isinstance(budget, int) or (hasattr(budget, "__index__") and not isinstance(budget, float)):

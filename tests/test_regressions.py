@@ -295,3 +295,39 @@ def test_budget_one_fits_when_a_constant_is_last_read_before_the_peak(mode):
     assert stats.peak_bytes <= stats.budget_bytes == stats.unconstrained_peak_bytes
     assert stats.evictions == 0 and stats.pinned_bytes >= constant.nbytes
     np.testing.assert_allclose(np.asarray(grads), np.asarray(jax.grad(loss)(x)), rtol=1e-6)
+
+
+@pytest.mark.parametrize(
+    "budget, expected",
+    [
+        (np.float32(0.96875), jdtr.Budget(fraction=0.96875)),
+        (jnp.float32(0.96875), jdtr.Budget(fraction=0.96875)),
+        (np.int64(2**20), jdtr.Budget(nbytes=2**20)),
+        (jnp.int32(2**20), jdtr.Budget(nbytes=2**20)),
+        (np.float64(1.0), jdtr.Budget(fraction=1.0)),
+    ],
+)
+def test_budgets_given_as_numpy_or_jax_scalars_are_their_python_values(budget, expected):
+    """Issue 23, item 3: np.float32(0.5) was refused, jnp.float32(0.5) failed in `__index__`."""
+    assert jdtr.parse_budget(budget) == expected
+    model = models.mlp_chain(layers=4, width=16, batch=8)
+    grads, stats = jdtr.grad(model.loss, budget=budget, return_stats=True)(model.params, model.batch)
+    assert stats.budget_bytes == expected.resolve(stats.unconstrained_peak_bytes) and stats.peak_bytes <= stats.budget_bytes
+
+
+def test_an_array_budget_that_is_not_a_scalar_is_refused():
+    with pytest.raises(TypeError):
+        jdtr.parse_budget(np.array([0.5, 0.5]))
+    with pytest.raises(TypeError):
+        jdtr.parse_budget(np.bool_(True))
+
+
+def test_budget_one_is_one_byte_and_the_error_says_what_was_meant():
+    """Issue 23, item 3: budget=1 (an int) is one byte; the error asks whether 1.0 was meant."""
+    model = models.mlp_chain(layers=2, width=8, batch=4)
+    with pytest.raises(jdtr.OutOfBudgetError) as info:
+        jdtr.grad(model.loss, budget=1)(model.params, model.batch)
+    assert "did you mean budget=1.0" in "".join(getattr(info.value, "__notes__", []))
+    with pytest.raises(jdtr.OutOfBudgetError) as info:
+        jdtr.grad(model.loss, budget=2)(model.params, model.batch)
+    assert not getattr(info.value, "__notes__", [])

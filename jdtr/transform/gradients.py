@@ -104,7 +104,12 @@ class _ValueAndGrad:
 
     def __call__(self, *args, **kwargs):
         traced, inputs, owned, cache_hit = self._prepare(args, kwargs)
-        outputs, stats, log = self._run(traced, inputs, owned, cache_hit)
+        try:
+            outputs, stats, log = self._run(traced, inputs, owned, cache_hit)
+        except OutOfBudgetError as err:
+            if self.budget.nbytes == 1:
+                err.add_note("budget=1 is one byte (an int is bytes): did you mean budget=1.0, the whole peak?")
+            raise
         if log is not None:
             log.to_log(self.log)
         value_and_grads = jax.tree_util.tree_unflatten(traced.out_tree, outputs)
