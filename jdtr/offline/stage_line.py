@@ -55,7 +55,7 @@ def stage_line(reference: StraightLine, graph: CheckmateGraph, stages: Stages, b
         node_of.extend((k, j) for j in positions)
     if len(node_of) != len(graph) or any(r.rematerialization for r in computes):
         return None
-    made_by = {slot: node for node, (k, j) in enumerate(node_of) if j is not None for slot in [computes[k].outputs[j]]}
+    made_by = {computes[k].outputs[j]: node for node, (k, j) in enumerate(node_of) if j is not None}
     return _Builder(reference, graph, computes, node_of, nodes_of, made_by, budget_bytes).build(stages)
 
 
@@ -79,7 +79,6 @@ class _Builder:
         self.memory = sum(reference.sizes[s] for s in fixed)
         self.counters = Counters(peak_bytes=self.memory)
         self.computed: set[int] = set()  # operators run once
-        self.computed_steps: list[int] = []  # the operator of each computation
         self.fits = True
         self.frees: list[tuple[int, int, int]] = []  # (step, operator, event) of each node given back
         self.events: list[TimelineEvent] = []
@@ -111,14 +110,9 @@ class _Builder:
 
     def _compute(self, op: int, wanted: set[int]) -> bool:
         step = self.computes[op]
-        inputs = []
-        for s in step.inputs:
-            if s in self.slot:
-                inputs.append(self.slot[s])
-            elif self.made_by.get(s) in self.where:
-                inputs.append(self.where[self.made_by[s]])
-            else:
-                return False  # an input the schedule does not hold: not a schedule of this program
+        inputs = [self._holding(s) for s in step.inputs]
+        if None in inputs:
+            return False  # an input the schedule does not hold: not a schedule of this program
         outputs = tuple(self._new_slot(self.reference.sizes[s]) for s in step.outputs)
         made = sum(self.sizes[s] for s in outputs)
         peak = self.memory + made + step.workspace
@@ -128,7 +122,6 @@ class _Builder:
         self.memory += made
         again = op in self.computed
         self.computed.add(op)
-        self.computed_steps.append(op)
         self.steps.append(Compute(step.payload, tuple(inputs), outputs, again, step.workspace))
         cost = sum(self.graph.costs[n] for n in self.nodes_of[op])
         self.counters.on_compute(None, cost, again, self.clock)
@@ -137,10 +130,16 @@ class _Builder:
         for n, slot in zip(self.nodes_of[op], outputs):
             if n in wanted and n not in self.where:
                 self.where[n] = slot
-                self.events.append(TimelineEvent(len(self.computed_steps), self.clock, n, self.sizes[slot], kind, self.memory))
+                self.events.append(TimelineEvent(self.counters.computations, self.clock, n, self.sizes[slot], kind, self.memory))
             else:  # made with the others, or a copy of one already held: given back at once
                 self._release(slot)
         return True
+
+    def _holding(self, reference_slot: int) -> Optional[int]:
+        """The slot holding the value of `reference_slot` now, None if no slot does."""
+        if reference_slot in self.slot:
+            return self.slot[reference_slot]
+        return self.where.get(self.made_by.get(reference_slot, -1))
 
     def _new_slot(self, size: int) -> int:
         self.sizes.append(size)
@@ -154,17 +153,12 @@ class _Builder:
         self.frees.append((len(self.steps), self.node_of[node][0], len(self.events)))
         slot = self.where.pop(node)
         self._release(slot)
-        self.events.append(TimelineEvent(len(self.computed_steps), self.clock, node, self.sizes[slot], "dealloc", self.memory))
+        self.events.append(TimelineEvent(self.counters.computations, self.clock, node, self.sizes[slot], "dealloc", self.memory))
 
     def _finish(self) -> Optional[StagedRun]:
-        outputs = []
-        for s in self.reference.outputs:
-            if s in self.slot:
-                outputs.append(self.slot[s])
-            elif self.made_by.get(s) in self.where:
-                outputs.append(self.where[self.made_by[s]])
-            else:
-                return None  # an output the schedule does not hold at the end
+        outputs = [self._holding(s) for s in self.reference.outputs]
+        if None in outputs:
+            return None  # an output the schedule does not hold at the end
         kept = set(outputs) | set(self.reference.externals)
         freed_arguments = {step.slot for step in self.reference.steps if type(step) is Free} & set(self.reference.arguments)
         for node in list(self.where):
