@@ -29,8 +29,8 @@ and not used or released once every reference to their value is gone.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
-from typing import Optional, Sequence, Union
+from dataclasses import dataclass, field
+from typing import Any, Optional, Sequence, Union
 
 from ._errors import LogFormatError
 from ._records import Annotate, Call, Constant, Copy, CopyFrom, Mutate, Record, Release
@@ -50,10 +50,19 @@ class ComputeStep:
       outputs: value ids written.
       sizes: bytes of each output, 0 for a view (it adds no memory).
       aliases: per output, -1 or the input position whose storage it views.
-      cost: nanoseconds; 0 for a constant.
+      cost: nanoseconds (a log's) or the program's cost model's unit; 0 for
+        a constant; None: measured when it runs (a traced program's
+        `cost_model="measured"`).
       constant: whether this is a constant (pinned, never recomputed).
       line: where it came from in the log, when known.
       workspace: bytes the operator needs only while it runs.
+
+    A program lowered from a traced one (`jdtr.transform.lowering`) says
+    more than a log can, and its replay hands it on to the runtime:
+      payload: what runs the operator (the equation), or a constant's buffer.
+      replayable: False for an operator with effects (its outputs are pinned).
+      external: a constant the caller owns (never freed, never released).
+      source: where the operator comes from in the user's code.
     """
 
     name: str
@@ -61,10 +70,14 @@ class ComputeStep:
     outputs: tuple[int, ...]
     sizes: tuple[int, ...]
     aliases: tuple[int, ...]
-    cost: int
+    cost: Optional[float]
     constant: bool = False
     line: Optional[int] = None
     workspace: int = 0
+    payload: Any = field(default=None, compare=False, repr=False)
+    replayable: bool = True
+    external: bool = False
+    source: Optional[str] = None
 
 
 @dataclass(frozen=True)
@@ -91,8 +104,10 @@ class Program:
     Attributes:
       steps: what to do, in order.
       value_names: a name for each value id (a mutated copy gets "$" appended).
-      outputs: the values still referenced at the end, in first-name order.
-      compute_cost: the cost of running every operator once (the baseline).
+      outputs: the values still referenced at the end, in first-name order
+        (a log's), or the traced program's outputs in its order.
+      compute_cost: the cost of running every operator once (the baseline;
+        costs measured at run time count 0).
       constant_bytes: bytes of all constants (weights and inputs).
       largest_op_bytes: the most memory one operator needs at once: its
         outputs plus its inputs (the paper's Figure 2 "largest single op").
@@ -101,7 +116,7 @@ class Program:
     steps: tuple[Step, ...]
     value_names: tuple[str, ...]
     outputs: tuple[int, ...]
-    compute_cost: int
+    compute_cost: float
     constant_bytes: int
     largest_op_bytes: int
 

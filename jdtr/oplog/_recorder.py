@@ -54,8 +54,9 @@ def log_time(cost: Optional[float]) -> int:
 class TraceRecorder:
     """A runtime front that writes down the program's requests as a `Trace`.
 
-    It offers the methods of `Runtime` that an interpreter calls (`constant`,
-    `call`, `retain`, `release`, `get`, `hold`, `free_all`), forwards each to
+    It offers the methods of `Runtime` that an interpreter or a replay calls
+    (`constant`, `call`, `retain`, `release`, `get`, `hold`, `free_all`,
+    `schedule`), forwards each to
     the runtime it is attached to, and records the program-level ones.
 
     Example:
@@ -116,9 +117,9 @@ class TraceRecorder:
         for tensor, label in zip(outputs, results):
             self._names[tensor] = label
         memory = [int(size) for size in sizes]
-        if not outputs:  # the format needs a result: a 0-byte one, dropped at once
-            results, memory = [self._new_name("v")], [0]
         alias = [-1 if aliases is None or aliases[i] is None else aliases[i] for i in range(len(results))]
+        if not outputs:  # the format needs a result: a 0-byte one, dropped at once
+            results, memory, alias = [self._new_name("v")], [0], [-1]
         released = [] if outputs else [results[0]]
         if workspace:  # one more result by the workspace naming rule (see `jdtr.oplog._program`), dropped at once
             released.append(self._new_name(WORKSPACE_PREFIX))
@@ -141,6 +142,11 @@ class TraceRecorder:
             self.records.append(Release(self._names[tensor]))
 
     # ------------------------------------------------------ forwarded as they are
+
+    @property
+    def schedule(self) -> Any:
+        """The runtime's view of the program's future (for a replay that announces it)."""
+        return self.runtime.schedule
 
     def get(self, tensor: Tensor) -> Any:
         return self.runtime.get(tensor)

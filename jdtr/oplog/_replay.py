@@ -2,25 +2,35 @@
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import Any, Optional
 
 from ..runtime import Runtime, Tensor, future_uses
 from ._program import ComputeStep, Program, RetainStep
 
 
-def _operations(program: Program):
-    """The program's operations for `future_uses`: constants are not operations."""
-    for step in program.steps:
-        if isinstance(step, ComputeStep) and not step.constant:
-            yield step.inputs, step.cost
+def positions(program: Program) -> list[float]:
+    """Per operation (constants are not operations), how far it moves the
+    program on: its cost, or 1 each where a cost is measured at run time
+    (none is known ahead, so an operation is the unit)."""
+    costs = [step.cost for step in program.steps if isinstance(step, ComputeStep) and not step.constant]
+    if any(cost is None for cost in costs):
+        return [1.0] * len(costs)
+    return costs
 
 
-def replay(program: Program, runtime: Runtime, source: Optional[str] = None) -> None:
-    """Runs every step of `program` on `runtime`, then holds the outputs.
+def _operations(program: Program, costs: list[float]):
+    """The program's operations for `future_uses`."""
+    operations = (s for s in program.steps if isinstance(s, ComputeStep) and not s.constant)
+    return ((step.inputs, cost) for step, cost in zip(operations, costs))
+
+
+def replay(program: Program, runtime: Runtime, source: Optional[str] = None) -> list[Any]:
+    """Runs every step of `program` on `runtime`, then holds the outputs and
+    returns their buffers.
 
     The output condition (App. C.6): every value still referenced at the end
     must be resident, so each output in turn is rematerialized if it was
-    evicted and then locked, in the order its first name appeared.
+    evicted and then locked, in the order of `program.outputs`.
 
     Raises:
       OutOfBudgetError: the budget cannot hold what an operator needs.
@@ -28,20 +38,28 @@ def replay(program: Program, runtime: Runtime, source: Optional[str] = None) -> 
     """
     values: list[Optional[Tensor]] = [None] * len(program.value_names)
     schedule = runtime.schedule  # the program's future, for heuristics that look ahead
-    uses = future_uses(_operations(program), program.outputs) if schedule is not None else None
+    if schedule is not None:
+        costs = positions(program)
+        uses = future_uses(_operations(program, costs), program.outputs)
+        advances = iter(costs)
     for step in program.steps:
         if isinstance(step, ComputeStep):
-            where = f"{source or 'trace'}:{step.line}" if step.line is not None else None
             if step.constant:
-                values[step.outputs[0]] = runtime.constant(step.sizes[0], name=step.name)
+                tensor = runtime.constant(step.sizes[0], step.payload, name=step.name, external=step.external)
+                values[step.outputs[0]] = tensor
                 continue
+            where = step.source
+            if where is None and step.line is not None:
+                where = f"{source or 'trace'}:{step.line}"
             outputs = runtime.call(
                 step.name,
                 [values[v] for v in step.inputs],
                 step.sizes,
                 cost=step.cost,
-                aliases=step.aliases,
+                payload=step.payload,
+                replayable=step.replayable,
                 source=where,
+                aliases=step.aliases,
                 workspace=step.workspace,
             )
             for value, tensor in zip(step.outputs, outputs):
@@ -49,9 +67,9 @@ def replay(program: Program, runtime: Runtime, source: Optional[str] = None) -> 
             if schedule is not None:
                 for value, tensor in zip(step.outputs, outputs):
                     schedule.announce(tensor, uses.get(value, ()))
-                schedule.advance(step.cost)
+                schedule.advance(next(advances))
         elif isinstance(step, RetainStep):
             runtime.retain(values[step.value])
         else:
             runtime.release(values[step.value])
-    runtime.hold([values[v] for v in program.outputs])
+    return runtime.hold([values[v] for v in program.outputs])

@@ -55,7 +55,8 @@ from .arguments import Arguments, Static, argnums_tuple, flatten_arguments
 from .chunks import cut, count_chunks
 from .executable import assign_workspaces
 from .executor import Execution, slot_avals
-from .interpreter import Interpreter, JaxBackend, LiveArrayCheck, workload
+from .interpreter import Interpreter, JaxBackend, LiveArrayCheck
+from .lowering import recording, simulation
 from .normalize import normalize
 from .caches import Traced, trace_cache
 from .planner import AUTO, observe, plan_run, plannable, refine
@@ -121,7 +122,7 @@ class _ValueAndGrad:
         traced, _, owned, _ = self._prepare(args, kwargs)
         recorder = TraceRecorder()
         # The caller's arrays are not the run's to free, here as in a real run.
-        run(workload(traced.program, owned, recorder), math.inf, "dtr_eq", overhead_limit=None)
+        run(recording(simulation(traced.program, owned), recorder), math.inf, "dtr_eq", overhead_limit=None)
         return recorder.trace()
 
     def _prepare(self, args: tuple, kwargs: dict):

@@ -16,7 +16,6 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ..offline import Baseline, Workload
 from ..oplog import TraceRecorder
 from ..runtime import Operator, Runtime, Tensor, future_uses
 from .costs import nanoseconds
@@ -87,11 +86,9 @@ class Interpreter:
     def __init__(
         self,
         runtime: Runtime,
-        choose_branch: Optional[Callable[[Cond], int]] = None,
         recorder: Optional[TraceRecorder] = None,
     ):
         self.runtime = runtime if recorder is None else recorder.attach(runtime)
-        self.choose_branch = choose_branch  # for simulation, where no predicate can be read
         self.schedule = runtime.schedule  # the program's future, when the heuristic looks ahead
         self._future: Optional[tuple[dict[Value, list[float]], list[float]]] = None
         self._top: Optional[Program] = None
@@ -156,10 +153,7 @@ class Interpreter:
     def _cond(self, cond: Cond, env: dict[Value, Tensor]) -> None:
         """Reads the branch index from the device and runs only that branch."""
         runtime = self.runtime
-        if self.choose_branch is not None:
-            index = self.choose_branch(cond)
-        else:
-            index = int(np.asarray(runtime.get(env[cond.index])))
+        index = int(np.asarray(runtime.get(env[cond.index])))
         branch = cond.branches[min(max(index, 0), len(cond.branches) - 1)]  # lax.switch clamps
         branch_env: dict[Value, Tensor] = {}
         for value, atom in zip(branch.inputs, cond.operands):
@@ -186,36 +180,6 @@ class Interpreter:
             uses = self._future[0]
             for value, tensor in zip(values, tensors):
                 self.schedule.announce(tensor, uses.get(value, ()))
-
-
-# ------------------------------------------------------------------ simulation
-
-
-def workload(
-    program: Program,
-    owned: Optional[Sequence[bool]] = None,
-    recorder: Optional[TraceRecorder] = None,
-    arguments: Optional[Sequence[Any]] = None,
-    returned: Optional[list] = None,
-) -> Workload:
-    """`program` for the simulation driver (`jdtr.offline.run`): interpreted
-    with no buffers, each `cond` by its largest branch. `owned` marks the
-    arguments the run may free (all of them by default; the caller's own
-    outlive it). A `recorder` writes down what the program asks of the runtime.
-    `arguments` stand for the argument buffers (None each by default); the
-    buffers the run returns are appended to `returned`, if given."""
-    arguments = [None] * len(program.inputs) if arguments is None else list(arguments)
-    owned = [True] * len(program.inputs) if owned is None else list(owned)
-
-    def play(runtime: Runtime) -> None:
-        interpreter = Interpreter(runtime, choose_branch=Cond.largest_branch, recorder=recorder)
-        outputs = interpreter.run(program, arguments, owned)
-        if returned is not None:
-            returned.extend(outputs)
-
-    held = program.held_bytes
-    baseline = Baseline(peak_bytes=program.unconstrained_peak(), cost=program.simulated_cost())
-    return Workload(play, baseline, held, program.largest_equation_bytes())
 
 
 # ------------------------------------------------------------------ the program's future

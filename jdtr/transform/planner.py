@@ -43,7 +43,7 @@ from ..offline import (
 )
 from ..runtime import Counters, Heuristic, OutOfBudgetError, Timeline
 from ..oplog import Trace, TraceRecorder
-from .interpreter import workload
+from .lowering import lower, recording, simulation
 from .program import Equation, Program
 
 # The portfolio of `heuristic="auto"`, in order of preference between equals:
@@ -129,15 +129,17 @@ class PlannedRun:
 
 
 class _Simulation:
-    """Simulates one program under budgets and heuristics, each run recorded."""
+    """Simulates one program under budgets and heuristics, each run recorded:
+    the program is lowered once (`lowering.lower`), and every candidate
+    replays that."""
 
     def __init__(self, program: Program, owned: Sequence[bool], dealloc: str):
         self.program = program
         self.dealloc = dealloc
-        self.owned = list(owned)
         self.returned: list = []
         # Slots 0..n-1 are the arguments: a RecordingBackend registers them first.
-        self.workload = workload(program, owned, arguments=range(len(program.inputs)), returned=self.returned)
+        lowered = lower(program, owned, arguments=range(len(program.inputs)))
+        self.workload = simulation(program, returned=self.returned, lowered=lowered)
         self.reference: Optional[tuple[SimResult, StraightLine, Trace]] = None
         self.events: tuple = ()  # the residency events of the last `optimal` run that fit
 
@@ -156,9 +158,7 @@ class _Simulation:
             backend.argument(value.nbytes)
         counters = Counters()
         self.returned.clear()
-        play = self.workload
-        if recorder is not None:
-            play = workload(self.program, self.owned, recorder, range(len(self.program.inputs)), self.returned)
+        play = self.workload if recorder is None else recording(self.workload, recorder)
         baseline = play.baseline.cost
         limit = None if remat_limit is None or baseline <= 0 else 1.0 + remat_limit / baseline
         result = run(play, budget_bytes, heuristic, self.dealloc, limit, [counters, *observers], backend=backend)

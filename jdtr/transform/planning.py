@@ -44,7 +44,7 @@ from .autotune import Timing, can_autotune, example_inputs, median_step_seconds
 from .checkpoint import named_forward, run_segments
 from .checkpoint_plan import Plan, layout
 from .compiled import compile_all, compiled_bytes, lower
-from .interpreter import workload
+from .lowering import simulation
 from .normalize import normalize
 from .program import Equation, Program, Value
 from .segments import NAME_PREFIX, fixed_bytes, predicted_bytes, segments, uniform_segments
@@ -195,7 +195,7 @@ class Planning:
     @functools.cached_property
     def workload(self):
         """The value-and-grad program for the simulation driver."""
-        return workload(self.vg)
+        return simulation(self.vg)
 
     @functools.cached_property
     def residuals(self) -> set[Value]:
