@@ -197,12 +197,13 @@ def main(argv=None):
     parser.add_argument("--output", help="append the markdown report here")
     parser.add_argument("--small", action="store_true", help="small models (a quick check)")
     parser.add_argument(
-        "--only", choices=["models", "trees", "optimum"], nargs="+", default=["models", "trees", "optimum"],
+        "--only", choices=["models", "flax", "trees", "optimum"], nargs="+", default=["models", "flax", "trees", "optimum"],
         help="which parts to run (default: all)",
     )
     args = parser.parse_args(argv)
     if args.small:
-        suite = [models.mlp_chain(16, 64, 256), models.rnn(16, 32, 8, 64)]
+        suite = [models.mlp_chain(16, 64, 256), models.rnn(16, 32, 8, 64)] if "models" in args.only else []
+        flax = [models.flax_scan_lstm(steps=8, hidden=32, features=8, batch=16)] if "flax" in args.only else []
         tree = dict(leaves=8, hidden=16, features=8, batch=128)
     else:
         suite = [
@@ -210,7 +211,13 @@ def main(argv=None):
             models.resnet(blocks=4, channels=32, image=32, batch=16),
             models.transformer(blocks=4, dim=128, heads=4, seq=128, batch=8, vocab=256),
             models.rnn(steps=64, hidden=256, features=64, batch=256),
-        ]
+        ] if "models" in args.only else []
+        # The kinds of model issue 21's goals are checked on, in Flax NNX.
+        flax = [
+            models.flax_gpt(layers=4, dim=128, heads=4, seq=128, batch=8, vocab=256),
+            models.flax_resnet_groupnorm(blocks=8, channels=32, image=32, batch=16),
+            models.flax_scan_lstm(steps=64, hidden=256, features=64, batch=64),
+        ] if "flax" in args.only else []
         tree = {}
     lines = [
         "| model | budget ratio | peak/budget | evictions | rematerializations | overhead | heuristic kept | chunks / steps "
@@ -218,7 +225,7 @@ def main(argv=None):
         "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     baselines = []
-    for model in suite if "models" in args.only else []:
+    for model in [*suite, *flax]:
         print(f"benchmarking {model.name} ...", file=sys.stderr)
         rows, baseline = bench_model(model, args.ratios, args.repeats)
         lines += rows

@@ -1,5 +1,6 @@
 """Reference models in plain JAX, shared by tests, benchmarks and notebooks
-(and one in Flax NNX, `batchnorm_cnn`, which imports flax and optax when called).
+(and four in Flax NNX, `batchnorm_cnn`, `flax_gpt`, `flax_resnet_groupnorm` and
+`flax_scan_lstm`, which import flax and optax when called).
 
 Layer 0 of docs/design.md's map: public, for users to try jdtr on, but not
 part of the library's machinery (nothing under `jdtr/` imports it).
@@ -228,3 +229,108 @@ def batchnorm_cnn(batch: int = 64, seed: int = 0) -> Model:
 
     x = jax.random.normal(jax.random.PRNGKey(seed), (batch, 8, 8, 1))
     return Model(f"batchnorm_cnn_b{batch}", loss, state, (x, jnp.arange(batch) % 10))
+
+
+# ------------------------------------------------ Flax NNX models of issue 21's
+# measures (a GPT, a ResNet with GroupNorm, a scan LSTM): the kinds of model the
+# goals are checked on, written as users write them. Each imports flax and optax
+# when called, as `batchnorm_cnn` does.
+
+
+def flax_gpt(layers: int = 4, dim: int = 128, heads: int = 4, seq: int = 128, batch: int = 8, vocab: int = 256, seed: int = 0) -> Model:
+    """A GPT in Flax NNX: pre-norm blocks of causal self-attention and a GELU
+    MLP; the batch is token ids (batch, seq + 1), next-token loss."""
+    import optax
+    from flax import nnx
+
+    class Block(nnx.Module):
+        def __init__(self, rngs):
+            self.ln1, self.ln2 = nnx.LayerNorm(dim, rngs=rngs), nnx.LayerNorm(dim, rngs=rngs)
+            self.attn = nnx.MultiHeadAttention(heads, dim, decode=False, rngs=rngs)
+            self.fc1, self.fc2 = nnx.Linear(dim, 4 * dim, rngs=rngs), nnx.Linear(4 * dim, dim, rngs=rngs)
+
+        def __call__(self, x, mask):
+            x = x + self.attn(self.ln1(x), mask=mask)
+            return x + self.fc2(nnx.gelu(self.fc1(self.ln2(x))))
+
+    class GPT(nnx.Module):
+        def __init__(self, rngs):
+            self.embed, self.position = nnx.Embed(vocab, dim, rngs=rngs), nnx.Embed(seq, dim, rngs=rngs)
+            self.blocks = nnx.List([Block(rngs) for _ in range(layers)])
+            self.ln, self.head = nnx.LayerNorm(dim, rngs=rngs), nnx.Linear(dim, vocab, rngs=rngs)
+
+        def __call__(self, tokens):
+            x = self.embed(tokens) + self.position(jnp.arange(tokens.shape[1]))
+            mask = nnx.make_causal_mask(tokens)
+            for block in self.blocks:
+                x = block(x, mask)
+            return self.head(self.ln(x))
+
+    graphdef, state = nnx.split(GPT(nnx.Rngs(seed)))
+
+    def loss(params, tokens):
+        logits = nnx.merge(graphdef, params)(tokens[:, :-1])
+        return optax.softmax_cross_entropy_with_integer_labels(logits, tokens[:, 1:]).mean()
+
+    tokens = jax.random.randint(jax.random.PRNGKey(seed), (batch, seq + 1), 0, vocab)
+    return Model(f"flax_gpt{layers}x{dim}_s{seq}_b{batch}", loss, state, tokens)
+
+
+def flax_resnet_groupnorm(blocks: int = 8, channels: int = 32, image: int = 32, batch: int = 16, seed: int = 0) -> Model:
+    """A ResNet in Flax NNX: residual blocks of two 3x3 convolutions with
+    GroupNorm; the batch is (images, integer labels)."""
+    import optax
+    from flax import nnx
+
+    class Block(nnx.Module):
+        def __init__(self, rngs):
+            self.c1, self.c2 = nnx.Conv(channels, channels, (3, 3), rngs=rngs), nnx.Conv(channels, channels, (3, 3), rngs=rngs)
+            self.n1 = nnx.GroupNorm(channels, num_groups=8, rngs=rngs)
+            self.n2 = nnx.GroupNorm(channels, num_groups=8, rngs=rngs)
+
+        def __call__(self, x):
+            h = nnx.relu(self.n1(self.c1(x)))
+            return nnx.relu(x + self.n2(self.c2(h)))
+
+    class Net(nnx.Module):
+        def __init__(self, rngs):
+            self.stem = nnx.Conv(3, channels, (3, 3), rngs=rngs)
+            self.blocks = nnx.List([Block(rngs) for _ in range(blocks)])
+            self.out = nnx.Linear(channels, 10, rngs=rngs)
+
+        def __call__(self, x):
+            x = self.stem(x)
+            for block in self.blocks:
+                x = block(x)
+            return self.out(x.mean(axis=(1, 2)))
+
+    graphdef, state = nnx.split(Net(nnx.Rngs(seed)))
+
+    def loss(params, batch):
+        x, y = batch
+        return optax.softmax_cross_entropy_with_integer_labels(nnx.merge(graphdef, params)(x), y).mean()
+
+    x = jax.random.normal(jax.random.PRNGKey(seed), (batch, image, image, 3))
+    return Model(f"flax_resnet_gn{blocks}x{channels}_i{image}_b{batch}", loss, state, (x, jnp.arange(batch) % 10))
+
+
+def flax_scan_lstm(steps: int = 64, hidden: int = 256, features: int = 64, batch: int = 64, seed: int = 0) -> Model:
+    """An LSTM in Flax NNX (`OptimizedLSTMCell`) run by `lax.scan` over the
+    steps of its batch (steps, batch, features), a linear read-out of every step."""
+    from flax import nnx
+
+    class Net(nnx.Module):
+        def __init__(self, rngs):
+            self.cell = nnx.OptimizedLSTMCell(features, hidden, rngs=rngs)
+            self.out = nnx.Linear(hidden, 1, rngs=rngs)
+
+    graphdef, state = nnx.split(Net(nnx.Rngs(seed)))
+
+    def loss(params, xs):
+        net = nnx.merge(graphdef, params)
+        carry = (jnp.zeros((xs.shape[1], hidden)), jnp.zeros((xs.shape[1], hidden)))
+        _, hs = jax.lax.scan(lambda c, x: net.cell(c, x), carry, xs)
+        return jnp.mean(net.out(hs) ** 2)
+
+    xs = jax.random.normal(jax.random.PRNGKey(seed), (steps, batch, features))
+    return Model(f"flax_scan_lstm{steps}x{hidden}_b{batch}", loss, state, xs)

@@ -16,6 +16,7 @@ pytest.importorskip("flax")
 from flax import linen, nnx  # noqa: E402
 
 import jdtr  # noqa: E402
+import jdtr.models  # noqa: E402
 import jdtr.nnx  # noqa: E402
 
 
@@ -220,3 +221,26 @@ def test_plan_policy_works_with_nnx_remat_and_linen_remat():
     assert ("tanh", (((2048, 32), "float32"),)) in linen_plan.policy.signatures, linen_plan.report()
     assert linen_tanh_saved(jax.checkpoint_policies.nothing_saveable) == 3
     assert linen_tanh_saved(linen_plan.policy) == 12
+
+
+FLAX_MODELS = {
+    "gpt": lambda: jdtr.models.flax_gpt(layers=2, dim=32, heads=2, seq=16, batch=4, vocab=32),
+    "resnet_groupnorm": lambda: jdtr.models.flax_resnet_groupnorm(blocks=2, channels=8, image=8, batch=4),
+    "scan_lstm": lambda: jdtr.models.flax_scan_lstm(steps=6, hidden=16, features=8, batch=32),
+}
+
+
+@pytest.mark.parametrize("name", sorted(FLAX_MODELS))
+def test_the_flax_reference_models_planned_and_chunked(name):
+    """The benchmarks' Flax models (issue 21's kinds): gradients equal
+    `jax.grad`'s at half the peak, the second call as compiled chunks within
+    the budget."""
+    model = FLAX_MODELS[name]()
+    f = jdtr.grad(model.loss, budget=0.5, return_stats=True)
+    expected = jax.grad(model.loss)(model.params, model.batch)
+    for call in range(2):
+        grads, stats = f(model.params, model.batch)
+        assert stats.peak_bytes <= stats.budget_bytes and stats.rematerializations > 0
+        for a, e in zip(jax.tree_util.tree_leaves(grads), jax.tree_util.tree_leaves(expected)):
+            np.testing.assert_allclose(np.asarray(a), np.asarray(e), rtol=2e-4, atol=1e-5)
+    assert stats.execution == "chunks" and stats.chunks < stats.equations

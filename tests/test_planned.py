@@ -119,6 +119,49 @@ def test_every_chunk_fits_the_budget_by_xlas_memory_analysis(name, ratio):
             assert peak == chunk.peak_bytes <= stats.budget_bytes
 
 
+def test_a_chunk_xla_makes_too_large_is_halved_where_it_is_too_large(monkeypatch):
+    """XLA's excess over the plan is local: a chunk that holds one culprit
+    computation (here XLA is made to report a budget's worth of temporaries
+    for any program that contains it) is halved, and only the halves that
+    hold it again, until it runs alone; the rest stays in long chunks."""
+    model = MODELS["mlp"]()
+    f = jdtr.grad(model.loss, budget=1.0, return_stats=True, chunks="never")
+    _, stats = f(model.params, model.batch)
+    traced = next(iter(f.cache.values()))
+    (plan,) = traced.plans.values()
+    avals = slot_avals(plan.line, traced.program)
+    whole = [item for item in cut(plan.line, avals, stats.budget_bytes) if isinstance(item, Chunk)]
+    computes = [step for step in plan.line.steps if isinstance(step, Compute)]
+    culprit = computes[len(computes) // 3]
+    real = chunks_module._compiled
+
+    def reporting(steps, *rest):
+        call, (out, alias, temp) = real(steps, *rest)
+        return call, (out, alias, temp + (stats.budget_bytes if any(s is culprit for s in steps) else 0))
+
+    monkeypatch.setattr(chunks_module, "_compiled", reporting)
+    items = cut(plan.line, avals, stats.budget_bytes)
+    chunks = [item for item in items if isinstance(item, Chunk)]
+    (alone,) = [c for c in chunks if any(s is culprit for s in c.steps)]
+    assert alone.steps == (culprit,)
+    assert all(c.peak_bytes <= stats.budget_bytes for c in chunks)
+    # One halving per level on the culprit's side: about two chunks a level.
+    levels = int(np.ceil(np.log2(len(computes))))
+    assert len(whole) < len(chunks) <= len(whole) + 2 * levels + chunks_module.MIN_HALVED
+    assert [s for c in chunks for s in c.steps] == computes
+
+
+def test_a_chunk_holds_at_most_max_chunk_equations(monkeypatch):
+    model = MODELS["transformer"]()
+    monkeypatch.setattr(chunks_module, "MAX_CHUNK_EQUATIONS", 16)
+    f = jdtr.grad(model.loss, budget=1.0, return_stats=True, chunks="always")
+    grads, stats = f(model.params, model.batch)
+    (plan,) = next(iter(f.cache.values())).plans.values()
+    sizes = [len(item.steps) for item in plan.compiled if isinstance(item, Chunk)]
+    assert max(sizes) == 16 and stats.chunks == len(sizes) >= stats.equations / 16
+    assert_close(grads, jax.grad(model.loss)(model.params, model.batch), rtol=1e-4, atol=1e-5)
+
+
 def test_a_chunk_never_computes_one_equation_twice():
     """XLA would merge the copies and keep what the plan evicted."""
     model = MODELS["mlp"]()
