@@ -340,7 +340,7 @@ def test_a_failing_chunk_frees_what_it_made_and_keeps_the_callers_arrays(monkeyp
     assert_close(f(model.params, model.batch)[0], jax.grad(model.loss)(model.params, model.batch), rtol=1e-4, atol=1e-5)
 
 
-def test_cond_on_data_runs_online_and_measured_costs_too():
+def test_cond_on_data_runs_online_and_measured_costs_are_planned_from_the_first_run():
     def loss(w, x):
         h = jnp.tanh(x @ w)
         h = jax.lax.cond(jnp.sum(h) > 0, lambda a: a * 2, lambda a: a - 1, h)
@@ -350,8 +350,23 @@ def test_cond_on_data_runs_online_and_measured_costs_too():
     grads, stats = jdtr.grad(loss, budget=0.8, return_stats=True)(w, x)
     assert stats.execution == "online" and stats.heuristic == "lookahead"
     assert_close(grads, jax.grad(loss)(w, x))
-    _, stats = jdtr.grad(lambda w, x: jnp.sum(jnp.tanh(x @ w)), cost_model="measured", return_stats=True)(w, x)
+    # Measured costs: measured by the first (online) run, planned from on the next.
+    model = MODELS["mlp"]()
+    args = (model.params, model.batch)
+    stats = jdtr.grad(model.loss, cost_model="measured", return_stats=True, mode="online")(*args)[1]
     assert stats.execution == "online"
+    f = jdtr.grad(model.loss, cost_model="measured", budget=0.5, return_stats=True)
+    runs = [f(*args) for _ in range(3)]
+    assert [s.execution for _, s in runs] == ["online", "steps", "chunks"]
+    expected = jax.grad(model.loss)(*args)
+    for grads, s in runs:
+        assert_close(grads, expected, rtol=1e-4, atol=1e-5)
+        assert s.peak_bytes <= s.budget_bytes and s.rematerializations > 0
+    program = next(iter(f.cache.values())).program
+    costs = [item.cost for item in program.body]
+    assert all(cost is not None and cost >= 1 for cost in costs)
+    measured, planned = runs[0][1], runs[1][1]
+    assert planned.base_cost == pytest.approx(sum(costs) * 1e-9) == pytest.approx(measured.base_cost, rel=1e-3)
 
 
 def test_bad_mode_and_chunks_options():

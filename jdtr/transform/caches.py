@@ -27,7 +27,7 @@ from typing import Any, Callable, Hashable, Iterator, Optional
 
 from . import chunks
 from .planner import PlannedRun
-from .program import Program
+from .program import Equation, Program
 
 # Traces kept per function and configuration (argument structures).
 MAX_TRACES_PER_FUNCTION = 64
@@ -73,6 +73,21 @@ class Traced:
             while len(self.plans) > MAX_PLANS_PER_TRACE:
                 self.plans.popitem(last=False)
         return plan
+
+    def measured(self, cost_of: Callable[[Any], Optional[float]]) -> bool:
+        """Gives every equation of the program the cost `cost_of` says (a
+        run's measurement), once, and only if it knows them all: from then on
+        the program is planned like one with a deterministic cost model.
+        Whether the costs are the program's now."""
+        equations = list(self.program.body)
+        costs = [cost_of(item) if isinstance(item, Equation) else None for item in equations]
+        if any(cost is None for cost in costs):
+            return False  # a cond (its branches' costs are unknown) or an operator that did not run
+        with self.lock:
+            if all(item.cost is None for item in equations):
+                for item, cost in zip(equations, costs):
+                    item.cost = cost
+        return True
 
     @property
     def constant_bytes(self) -> int:

@@ -19,6 +19,8 @@ from typing import Any, Callable, Optional, Sequence, Union
 import jax
 import numpy as np
 
+from ..runtime import Observer
+
 MEASURED = "measured"
 XLA = "xla"
 
@@ -141,3 +143,21 @@ def xla_count(jitted: Any, name: str, in_avals: Sequence[Any], out_avals: Sequen
         max(float(analysis.get("transcendentals", 0.0) or 0.0), 0.0),
         max(float(analysis.get("bytes accessed", total) or total), 0.0),
     )
+
+
+class MeasuredCosts(Observer):
+    """An observer of an online run that times every operator
+    (`cost_model="measured"`): what each equation cost the first time it ran,
+    in the runtime's unit (whole nanoseconds, at least 1), for plans made
+    from that run on."""
+
+    def __init__(self) -> None:
+        self.costs: dict[int, tuple[Any, float]] = {}  # id(equation) -> (the equation, its cost)
+
+    def on_compute(self, op: Any, cost: float, rematerialization: bool, clock: float) -> None:
+        if not rematerialization and op.payload is not None:
+            self.costs.setdefault(id(op.payload), (op.payload, max(1.0, float(cost))))
+
+    def cost_of(self, equation: Any) -> Optional[float]:
+        found = self.costs.get(id(equation))
+        return found[1] if found is not None else None

@@ -13,7 +13,8 @@ the next call on, as compiled chunks (`chunks.py`): one XLA program per run
 of steps, within the budget by XLA's own memory analysis.
 
 Running online (`mode="online"`, and where no plan can be made before the
-run: a data-dependent `cond`, costs measured at run time): a fresh DTR
+run: a data-dependent `cond`, or costs still to be measured, which the
+first call of a structure then measures for the plans of the next): a fresh DTR
 runtime per call executes the program eagerly on the device, deciding as it
 goes, the paper's algorithm. Either way every byte the run holds
 (arguments, constants, intermediates, outputs) stays within the budget.
@@ -50,7 +51,7 @@ from ..offline import run
 from ..stats import Stats
 from ..oplog import Trace, TraceRecorder
 from . import _jax_core
-from .costs import MEASURED, NANOSECOND, CostModel, check_cost_model
+from .costs import MEASURED, NANOSECOND, CostModel, MeasuredCosts, check_cost_model
 from .arguments import Arguments, Static, argnums_tuple, flatten_arguments
 from .chunks import cut, count_chunks
 from .executable import assign_workspaces
@@ -235,6 +236,9 @@ class _ValueAndGrad:
         timeline = Timeline() if self.timeline else None
         if timeline is not None:
             observers.append(timeline)
+        measured = MeasuredCosts() if self.cost_model == MEASURED and self.mode == "planned" else None
+        if measured is not None:
+            observers.append(measured)
         runtime = Runtime(
             JaxBackend(measure=self.cost_model == MEASURED, after_compute=check),
             budget_bytes,
@@ -246,6 +250,8 @@ class _ValueAndGrad:
         start = time.perf_counter()
         outputs = Interpreter(runtime, recorder=recorder).run(program, inputs, owned)
         jax.block_until_ready(outputs)
+        if measured is not None:  # later calls plan from what this run measured
+            traced.measured(measured.cost_of)
         events = tuple(timeline.events) if timeline is not None else None
         report = _report(counters, runtime.heuristic.name, time.perf_counter() - start, events)
         report.update(chunks=counters.computations, planning_time_s=0.0, execution="online")
@@ -373,7 +379,9 @@ def value_and_grad(
         by simulating DTR on the traced program, and caches the plan per
         argument structure and budget; "online" decides as it runs, one
         equation at a time (the paper's algorithm). Programs whose run cannot
-        be decided ahead (a `cond` on data, `cost_model="measured"`) run online.
+        be decided ahead (a `cond` on data) run online; with
+        `cost_model="measured"` the first call of a structure runs online,
+        timing every operator, and later calls are planned from those times.
       chunks: how a plan runs: "auto" (one equation per dispatch the first
         time, compiled chunks from its second run on, when compiling pays),
         "always" (compiled chunks at once) or "never".
