@@ -362,3 +362,56 @@ def test_static_python_arguments_select_structure():
         np.testing.assert_allclose(got, jax.grad(loss)(w, depth), rtol=1e-6)
     _, stats = f(w, 3)
     assert stats.cache_hit
+
+
+def test_holomorphic_and_allow_int_as_in_jax_grad():
+    """`holomorphic=` is `jax.grad`'s; `allow_int=True` is refused with what
+    to do instead (its float0 gradients are made on the host, not run)."""
+
+    def f(z, w):
+        for _ in range(4):
+            z = jnp.tanh(z @ w)
+        return jnp.sum(z**2)
+
+    key = jax.random.split(jax.random.PRNGKey(0), 4)
+    z = (jax.random.normal(key[0], (64, 8)) + 1j * jax.random.normal(key[1], (64, 8))).astype(jnp.complex64) * 0.3
+    w = (jax.random.normal(key[2], (8, 8)) + 1j * jax.random.normal(key[3], (8, 8))).astype(jnp.complex64) * 0.3
+    expected = jax.grad(f, (0, 1), holomorphic=True)(z, w)
+    for mode in ("planned", "online"):
+        got, stats = jdtr.grad(f, (0, 1), holomorphic=True, budget=0.6, mode=mode, return_stats=True)(z, w)
+        assert stats.rematerializations > 0
+        for a, e in zip(got, expected):
+            np.testing.assert_allclose(np.asarray(a), np.asarray(e), rtol=1e-4, atol=1e-5)
+    value, got = jdtr.value_and_grad(f, holomorphic=True)(z, w)
+    np.testing.assert_allclose(np.asarray(value), np.asarray(f(z, w)), rtol=1e-5)
+    with pytest.raises(TypeError, match="holomorphic"):  # as jax.grad says it
+        jdtr.grad(f)(z, w)
+    assert jdtr.grad(f, allow_int=False, budget=0.9)(z.real, w.real).shape == (64, 8)
+    with pytest.raises(NotImplementedError, match="argnums"):
+        jdtr.grad(f, allow_int=True)
+
+
+def test_aux_values_come_back_as_jax_returns_them():
+    """Strings, Python numbers, NumPy arrays and None in aux are returned as
+    they are (also by a cached call); array leaves as arrays (issue 23, item 2)."""
+
+    def f(w, x):
+        y = jnp.tanh(x @ w)
+        aux = {"name": "layer", "count": 3, "scale": 0.5, "mean": jnp.mean(y), "table": np.arange(3), "none": None}
+        return jnp.sum(y**2), aux
+
+    w, x = jnp.ones((8, 8)) * 0.1, jnp.ones((32, 8))
+    (value_e, aux_e), grads_e = jax.value_and_grad(f, has_aux=True)(w, x)
+    g = jdtr.value_and_grad(f, has_aux=True, budget=0.7, return_stats=True)
+    for call in range(2):
+        ((value, aux), grads), stats = g(w, x)
+        assert stats.cache_hit == (call == 1)
+        assert aux.keys() == aux_e.keys()
+        assert aux["name"] == "layer" and aux["none"] is None
+        assert type(aux["count"]) is int and aux["count"] == 3 and type(aux["scale"]) is float and aux["scale"] == 0.5
+        assert isinstance(aux["table"], np.ndarray) and list(aux["table"]) == [0, 1, 2]
+        assert isinstance(aux["mean"], jax.Array)
+        np.testing.assert_allclose(aux["mean"], aux_e["mean"], rtol=1e-6)
+        np.testing.assert_allclose(grads, grads_e, rtol=1e-5)
+    grads, aux = jdtr.grad(lambda w, x: (f(w, x)[0], "only a string"), has_aux=True)(w, x)
+    assert aux == "only a string"

@@ -46,6 +46,7 @@ class Traced:
     plans: "OrderedDict[Hashable, PlannedRun]" = field(default_factory=OrderedDict, repr=False)
     lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
     refining: set = field(default_factory=set, repr=False)  # keys a thread is refining the plan of
+    aux: Any = None  # with has_aux: the aux value's structure and non-array leaves (`aux.Aux`)
 
     def plan(self, key: Hashable, make: Callable[[], PlannedRun]) -> tuple[PlannedRun, bool]:
         """The cached plan for `key`, made if there is none; and whether it was cached."""

@@ -57,6 +57,7 @@ from .chunks import cut, count_chunks
 from .executable import assign_workspaces
 from .executor import Execution, slot_avals
 from .interpreter import Interpreter, JaxBackend, LiveArrayCheck
+from .aux import arrays_of_aux
 from .lowering import recording, simulation
 from .normalize import normalize
 from .caches import Traced, trace_cache
@@ -83,10 +84,11 @@ class _ValueAndGrad:
     log: "Optional[str | os.PathLike[str]]" = None
     mode: str = "planned"
     chunks: str = "auto"
+    holomorphic: bool = False
 
     def __post_init__(self) -> None:
         self.argnum_tuple = argnums_tuple(self.argnums)
-        self.cache = trace_cache(self.fun, self.argnum_tuple, self.has_aux, self.cost_model)
+        self.cache = trace_cache(self.fun, self.argnum_tuple, self.has_aux, self.cost_model, self.holomorphic)
         self.cache_hits = 0
         self.cache_misses = 0
         functools.update_wrapper(self, self.fun)
@@ -95,12 +97,17 @@ class _ValueAndGrad:
 
     def _trace(self, arguments: Arguments) -> Traced:
         start = time.perf_counter()
-        flat_fun = arguments.bind(jax.value_and_grad(self.fun, self.argnums, self.has_aux))
-        closed, out_shape = jax.make_jaxpr(flat_fun, return_shape=True)(*arguments.traced_specs)
+        value_and_grads = jax.value_and_grad(self.fun, self.argnums, self.has_aux, self.holomorphic)
+        aux: list = []
+        if self.has_aux:
+            value_and_grads = arrays_of_aux(value_and_grads, aux)
+        closed, out_shape = jax.make_jaxpr(arguments.bind(value_and_grads), return_shape=True)(*arguments.traced_specs)
         out_tree = jax.tree_util.tree_structure(out_shape)
         program = normalize(closed, self.cost_model)
         assign_workspaces(program)
-        return Traced(program, out_tree, program.unconstrained_peak(), time.perf_counter() - start)
+        traced = Traced(program, out_tree, program.unconstrained_peak(), time.perf_counter() - start)
+        traced.aux = aux[-1] if aux else None
+        return traced
 
     # ---------------------------------------------------------------- running
 
@@ -115,6 +122,9 @@ class _ValueAndGrad:
         if log is not None:
             log.to_log(self.log)
         value_and_grads = jax.tree_util.tree_unflatten(traced.out_tree, outputs)
+        if traced.aux is not None:
+            (value, arrays), grads = value_and_grads
+            value_and_grads = (value, traced.aux.rebuild(arrays)), grads
         result = self._shape_result(value_and_grads)
         return (result, stats) if self.return_stats else result
 
@@ -298,10 +308,18 @@ def _device_bytes(inputs: Sequence[Any], held: int) -> Optional[Callable[[], int
 
 
 def _make(
-    fun, argnums, has_aux, budget, heuristic, dealloc, cost_model, return_stats, debug, timeline, value, log=None, mode="planned", chunks="auto"
+    fun, argnums, has_aux, budget, heuristic, dealloc, cost_model, return_stats, debug, timeline, value, log=None, mode="planned",
+    chunks="auto", holomorphic=False, allow_int=False,
 ):
     if not callable(fun):
         raise TypeError(f"expected a callable to differentiate; got {fun!r}")
+    if allow_int:
+        # JAX's gradient of an integer input is a float0 array made on the
+        # host, not an operation jdtr's runtime or XLA can run.
+        raise NotImplementedError(
+            "jdtr does not differentiate integer inputs (allow_int=True): leave them out of `argnums` "
+            "(their gradient would be float0 zeros), or convert them to a float dtype"
+        )
     if dealloc not in DEALLOC_POLICIES:
         raise ValueError(f"unknown dealloc policy {dealloc!r}; expected one of {DEALLOC_POLICIES}")
     if mode not in MODES:
@@ -325,6 +343,7 @@ def _make(
         None if log is None else os.fspath(log),
         mode,
         chunks,
+        bool(holomorphic),
     )
 
 
@@ -332,6 +351,8 @@ def value_and_grad(
     fun: Callable,
     argnums: Union[int, Sequence[int]] = 0,
     has_aux: bool = False,
+    holomorphic: bool = False,
+    allow_int: bool = False,
     *,
     budget: BudgetLike = None,
     heuristic: Union[str, Heuristic] = AUTO,
@@ -351,6 +372,9 @@ def value_and_grad(
         when `has_aux`).
       argnums: which positional argument(s) to differentiate.
       has_aux: whether `fun` returns `(value, aux)`.
+      holomorphic: as in `jax.grad`: `fun` is holomorphic in complex inputs.
+      allow_int: must be False: jdtr does not differentiate integer inputs
+        (NotImplementedError; leave them out of `argnums`).
       budget: bytes (int), a size string ("512MiB", "2GB") or a fraction in
         (0, 1] of the computation's unconstrained peak. It bounds every byte
         the run holds on the device: arguments, constants, intermediates and
@@ -400,13 +424,18 @@ def value_and_grad(
       >>> f = lambda w, x: jnp.sum(jnp.tanh(x @ w) ** 2)
       >>> value, g = jdtr.value_and_grad(f, budget=0.5)(jnp.ones((4, 4)), jnp.ones((8, 4)))
     """
-    return _make(fun, argnums, has_aux, budget, heuristic, dealloc, cost_model, return_stats, debug, timeline, True, log, mode, chunks)
+    return _make(
+        fun, argnums, has_aux, budget, heuristic, dealloc, cost_model, return_stats, debug, timeline, True, log, mode, chunks,
+        holomorphic, allow_int,
+    )
 
 
 def grad(
     fun: Callable,
     argnums: Union[int, Sequence[int]] = 0,
     has_aux: bool = False,
+    holomorphic: bool = False,
+    allow_int: bool = False,
     *,
     budget: BudgetLike = None,
     heuristic: Union[str, Heuristic] = AUTO,
@@ -429,7 +458,10 @@ def grad(
       >>> f = lambda w, x: jnp.sum(jnp.tanh(x @ w) ** 2)
       >>> g = jdtr.grad(f, budget="1MiB")(jnp.ones((4, 4)), jnp.ones((8, 4)))
     """
-    return _make(fun, argnums, has_aux, budget, heuristic, dealloc, cost_model, return_stats, debug, timeline, False, log, mode, chunks)
+    return _make(
+        fun, argnums, has_aux, budget, heuristic, dealloc, cost_model, return_stats, debug, timeline, False, log, mode, chunks,
+        holomorphic, allow_int,
+    )
 
 
 def trace(fun: Callable, *args: Any, argnums: Union[int, Sequence[int]] = 0, has_aux: bool = False, **kwargs: Any) -> Trace:
