@@ -15,6 +15,7 @@ from .runtime import DEFAULT_HEURISTIC as DEFAULT_HEURISTIC
 from .runtime import HEURISTICS as HEURISTICS
 from .runtime import Heuristic as Heuristic
 from .runtime import OutOfBudgetError as OutOfBudgetError
+from .runtime import ThrashWarning as ThrashWarning
 from .simulator import OptimalResult as OptimalResult
 from .simulator import SimResult as SimResult
 from .simulator import optimal as optimal
@@ -49,6 +50,7 @@ __all__ = [
     "OpInfo",
     "OptimalResult",
     "OutOfBudgetError",
+    "ThrashWarning",
     "Plan",
     "RooflineCostModel",
     "SavePolicy",

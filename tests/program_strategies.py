@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import gc
 import os
+import warnings
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
 
@@ -1146,7 +1147,9 @@ def check_run(
     before = live_array_ids()
     calls = RECORD.calls
     try:
-        result, stats = wrapped(*args, **kwargs)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.filterwarnings("always", category=jdtr.ThrashWarning)  # other warnings stay errors
+            result, stats = wrapped(*args, **kwargs)
     except jdtr.OutOfBudgetError as err:
         out_of_budget: Optional[str] = str(err)
         assert not unconstrained or dealloc == "ignore", f"out of budget at {budget}: {err}"
@@ -1160,6 +1163,12 @@ def check_run(
     assert not any(leaf.is_deleted() for leaf in leaves), "a caller's array was deleted"
     assert_trees_close(result, expected)
     assert stats.peak_bytes <= stats.budget_bytes, stats.summary()
+    # Thrashing is said when it happens: always online (known as it ends),
+    # when a plan is made planned (a plan reused says nothing again).
+    thrash = [w.message for w in caught if isinstance(w.message, jdtr.ThrashWarning)]
+    assert all(w.overhead > 2.0 and w.overhead == stats.overhead for w in thrash), (thrash, stats.summary())
+    if stats.overhead > 2.0 and stats.execution == "online":
+        assert thrash, stats.summary()
     assert stats.live_peak_bytes is not None and stats.live_peak_bytes <= stats.budget_bytes, stats.summary()
     if callbacks is not None:
         assert RECORD.calls - calls == callbacks, "host callbacks ran a different number of times than in JAX"

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import gc
 import threading
+import warnings
 
 import jax
 import jax.numpy as jnp
@@ -592,3 +593,42 @@ def test_caches_are_bounded_reported_and_cleared():
     grads, stats = f(jnp.ones((3,)))
     assert not stats.cache_hit and stats.planning_time_s > 0
     np.testing.assert_allclose(np.asarray(grads), np.asarray(jax.grad(loss)(jnp.ones((3,)))), rtol=1e-6)
+
+
+def _residual_tanh(ws, x):
+    for w in ws:
+        x = x + jnp.tanh(x @ w)
+    return jnp.sum(x**2)
+
+
+def test_a_thrashing_run_says_so_with_a_budget_that_does_not():
+    """Issue 23, item 5: a run that recomputes more than the step again
+    (overhead over 2) warns, before it runs when planned, with a budget
+    verified to run within overhead 2; at that budget it does, silently."""
+    k = jax.random.split(jax.random.PRNGKey(0), 7)
+    ws = [jax.random.normal(k[i], (64, 64)) * 0.1 for i in range(6)]
+    x = jax.random.normal(k[6], (128, 64))
+    expected = jax.grad(_residual_tanh)(ws, x)
+    f = jdtr.grad(_residual_tanh, budget=0.45, heuristic="dtr_eq", return_stats=True)
+    with pytest.warns(jdtr.ThrashWarning, match=r"overhead \d+\.\d\d with heuristic 'dtr_eq', thrashing") as caught:
+        grads, stats = f(ws, x)
+    assert_close(grads, expected, rtol=1e-4, atol=1e-5)
+    (warning,) = [w.message for w in caught if isinstance(w.message, jdtr.ThrashWarning)]
+    assert warning.overhead == pytest.approx(stats.overhead) and stats.overhead > 2.0
+    assert warning.budget_bytes == stats.budget_bytes < warning.suggested_budget_bytes <= stats.unconstrained_peak_bytes
+    assert str(warning.suggested_budget_bytes) in str(warning)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", jdtr.ThrashWarning)
+        f(ws, x)  # the same plan: said once
+        calm = jdtr.grad(_residual_tanh, budget=warning.suggested_budget_bytes, heuristic="dtr_eq", return_stats=True)
+        grads, stats = calm(ws, x)
+        assert stats.overhead <= 2.0
+        assert_close(grads, expected, rtol=1e-4, atol=1e-5)
+        # A bisection to 1/256 of the peak: a little less no longer runs within 2.
+        step = stats.unconstrained_peak_bytes // 256
+        tighter = jdtr.grad(_residual_tanh, budget=warning.suggested_budget_bytes - 2 * step, heuristic="dtr_eq", mode="online")
+    with pytest.warns(jdtr.ThrashWarning) as online:
+        jdtr.grad(_residual_tanh, budget=0.45, heuristic="dtr_eq", mode="online")(ws, x)
+    assert online[0].message.suggested_budget_bytes is None
+    with pytest.warns(jdtr.ThrashWarning):
+        tighter(ws, x)

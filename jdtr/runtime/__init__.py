@@ -1,6 +1,7 @@
 """The DTR algorithm itself: no JAX here, so it runs on device buffers and in simulation alike."""
 
 from .errors import OutOfBudgetError as OutOfBudgetError
+from .errors import ThrashWarning as ThrashWarning
 from .errors import format_bytes as format_bytes
 from .graph import Operator as Operator
 from .graph import Storage as Storage
@@ -46,6 +47,7 @@ __all__ = [
     "Storage",
     "Tensor",
     "ThrashError",
+    "ThrashWarning",
     "Timeline",
     "TimelineEvent",
     "evicted_neighborhood",

@@ -68,3 +68,31 @@ class OutOfBudgetError(MemoryError):
             "it was verified by simulating the run.",
         )
         return self
+
+
+class ThrashWarning(UserWarning):
+    """A run that fits its budget only by recomputing more than the step's own
+    compute again (overhead over 2, what the simulator calls thrashing).
+
+    Attributes:
+      overhead: the run's compute over the step's ((base + remat) / base).
+      budget_bytes: the budget it ran under.
+      suggested_budget_bytes: a budget at which a plan runs with overhead at
+        most 2, verified in simulation (None when not searched: online runs).
+    """
+
+    def __init__(self, overhead: float, budget_bytes: int, suggested_budget_bytes: Optional[int], heuristic: str):
+        self.overhead = overhead
+        self.budget_bytes = budget_bytes
+        self.suggested_budget_bytes = suggested_budget_bytes
+        message = (
+            f"jdtr: this run recomputes {overhead - 1:.1f}x the step's compute to keep the budget of "
+            f"{format_bytes(budget_bytes)} ({budget_bytes} bytes): overhead {overhead:.2f} with heuristic "
+            f"{heuristic!r}, thrashing."
+        )
+        if suggested_budget_bytes is not None:
+            message += (
+                f" A budget of {format_bytes(suggested_budget_bytes)} ({suggested_budget_bytes} bytes) runs at "
+                "overhead 2 or less: it was verified by simulating the run."
+            )
+        super().__init__(message)

@@ -30,6 +30,7 @@ import functools
 import math
 import os
 import time
+import warnings
 from dataclasses import dataclass
 from typing import Any, Callable, Optional, Sequence, Union
 
@@ -44,6 +45,7 @@ from ..runtime import (
     Heuristic,
     OutOfBudgetError,
     Runtime,
+    ThrashWarning,
     Timeline,
     get_heuristic,
 )
@@ -61,7 +63,7 @@ from .aux import arrays_of_aux
 from .lowering import recording, simulation
 from .normalize import normalize
 from .caches import Traced, trace_cache
-from .planner import AUTO, observe, plan_run, plannable, refine
+from .planner import AUTO, THRASH_OVERHEAD, observe, plan_run, plannable, refine
 
 MODES = ("planned", "online")
 CHUNK_POLICIES = ("auto", "always", "never")
@@ -212,6 +214,8 @@ class _ValueAndGrad:
             key, lambda: plan_run(program, budget_bytes, self.heuristic, self.dealloc, owned, quick=True)
         )
         planning = 0.0 if planned_before else plan.planning_time_s
+        if not planned_before and plan.counters.overhead > THRASH_OVERHEAD:  # known before the run: said once per plan
+            warnings.warn(ThrashWarning(plan.counters.overhead, budget_bytes, plan.calm_budget_bytes, plan.heuristic), stacklevel=4)
         if planned_before and plan.remaining and traced.claim(key):  # it came back: plan it as a static one
             before, refined = plan.planning_time_s, plan
             try:
@@ -262,6 +266,8 @@ class _ValueAndGrad:
         jax.block_until_ready(outputs)
         if measured is not None:  # later calls plan from what this run measured
             traced.measured(measured.cost_of)
+        if counters.overhead > THRASH_OVERHEAD:  # known once it has run (a plan would know before, with a budget that avoids it)
+            warnings.warn(ThrashWarning(counters.overhead, budget_bytes, None, runtime.heuristic.name), stacklevel=4)
         events = tuple(timeline.events) if timeline is not None else None
         report = _report(counters, runtime.heuristic.name, time.perf_counter() - start, events)
         report.update(chunks=counters.computations, planning_time_s=0.0, execution="online")

@@ -80,6 +80,10 @@ SUGGESTION_OVERHEAD_LIMIT = 3.0
 # (cost-model units): DTR's usual at half the peak (docs/benchmarks.md), well
 # short of thrashing (the lookahead's 6.2 on an MLP at 0.47, test_planned).
 QUICK_OVERHEAD = 1.5
+# A plan over this overhead recomputes more than the step again: the
+# simulator's "thrash" (its default overhead limit). jdtr.grad warns, with a
+# budget that avoids it (`PlannedRun.calm_budget_bytes`).
+THRASH_OVERHEAD = 2.0
 
 
 def plannable(program: Program) -> bool:
@@ -111,6 +115,9 @@ class PlannedRun:
         or was cut off).
       planning_time_s: the time the simulations took.
       remaining: the candidates a quick plan did not try (`refine` tries them).
+      calm_budget_bytes: when the run thrashes (overhead over
+        THRASH_OVERHEAD), the least budget found at which a candidate runs
+        within it, verified in simulation.
       timeline, log: the chosen run's residency events and operator log,
         when a caller asked for them (simulated again, once).
     """
@@ -123,6 +130,7 @@ class PlannedRun:
     tried: tuple[tuple[str, Optional[float]], ...]
     planning_time_s: float
     remaining: tuple[Union[str, Heuristic], ...] = ()
+    calm_budget_bytes: Optional[int] = None  # where thrashing (overhead > THRASH_OVERHEAD): a budget that is not
     compiled: Any = None  # the executor's chunks, once compiled (when the plan is run again)
     timeline: Optional[tuple] = field(default=None, repr=False)
     log: Optional[Trace] = field(default=None, repr=False)
@@ -237,9 +245,12 @@ def plan_run(
         assert search.error is not None, "a candidate without a remat limit either fits or runs out of memory"
         raise search.error.suggest(_suggest_budget(simulate, candidates(heuristic, program), budget_bytes))
     result, counters, line, chosen = search.best
-    return _planned(
-        simulate, line, result, counters, chosen, search.tried, time.perf_counter() - start, search.remaining
-    )
+    plan = _planned(simulate, line, result, counters, chosen, search.tried, 0.0, search.remaining)
+    if counters.overhead > THRASH_OVERHEAD:
+        tried = candidates(heuristic, program)
+        plan.calm_budget_bytes = _suggest_budget(simulate, tried, budget_bytes, THRASH_OVERHEAD)
+    plan.planning_time_s = time.perf_counter() - start
+    return plan
 
 
 def refine(plan: PlannedRun, program: Program, owned: Sequence[bool], dealloc: str) -> PlannedRun:
@@ -258,7 +269,10 @@ def refine(plan: PlannedRun, program: Program, owned: Sequence[bool], dealloc: s
     if chosen is plan.candidate:
         plan.tried, plan.remaining, plan.planning_time_s = tried, (), plan.planning_time_s + elapsed
         return plan
-    return _planned(simulate, line, result, counters, chosen, tried, plan.planning_time_s + elapsed, ())
+    better = _planned(simulate, line, result, counters, chosen, tried, plan.planning_time_s + elapsed, ())
+    if counters.overhead > THRASH_OVERHEAD:
+        better.calm_budget_bytes = plan.calm_budget_bytes
+    return better
 
 
 def _planned(simulate: _Simulation, line, result, counters, chosen, tried, planning_time_s, remaining) -> PlannedRun:
@@ -318,11 +332,14 @@ def observe(plan: PlannedRun, program: Program, owned: Sequence[bool], dealloc: 
     plan.log = recorder.trace()
 
 
-def _suggest_budget(simulate: _Simulation, tried: Sequence[Union[str, Heuristic]], failed: int) -> int:
+def _suggest_budget(
+    simulate: _Simulation, tried: Sequence[Union[str, Heuristic]], failed: int, overhead: float = SUGGESTION_OVERHEAD_LIMIT
+) -> int:
     """The least budget (within `SUGGESTION_TOLERANCE` of the peak) at which a
-    candidate fits, found by bisection between one that failed and the
-    unconstrained peak (the heuristics probed, not the solver: a probe each)."""
-    limit = simulate.workload.baseline.cost * (SUGGESTION_OVERHEAD_LIMIT - 1.0)
+    candidate fits within `overhead`, found by bisection between one that
+    failed and the unconstrained peak (the heuristics probed, not the solver:
+    a probe each)."""
+    limit = simulate.workload.baseline.cost * (overhead - 1.0)
     heuristics = [c for c in tried if c != OPTIMAL]
 
     def fits(budget: int) -> bool:
