@@ -10,13 +10,14 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 from pathlib import Path
 from typing import Optional, Sequence, TextIO
 
 from .runtime import DEALLOC_POLICIES, HEURISTICS
 from . import plot
-from .oplog import LogFormatError, Trace
+from .oplog import ComputeStep, LogFormatError, Trace
 from .simulator import METHODS, PAPER_RATIOS, OptimalResult, SimResult, cell, format_table, optimal, simulate, sweep
 
 # The heuristics of the paper's Figure 2, in its order.
@@ -35,7 +36,7 @@ def _parser() -> argparse.ArgumentParser:
     replay.add_argument("log", help="an operator log (JSON lines, the DTR prototype's format)")
     budget = replay.add_mutually_exclusive_group(required=True)
     budget.add_argument("--ratio", type=float, help="budget as a fraction of the unconstrained peak, in (0, 1]")
-    budget.add_argument("--budget", help="budget in bytes, or with a unit: 4GB, 512MiB")
+    budget.add_argument("--budget", type=_budget, help="budget in bytes, or with a unit: 4GB, 512MiB")
     _add_common(replay)
     replay.add_argument("--heuristic", default="dtr_eq", choices=sorted(HEURISTICS), help="default: dtr_eq")
 
@@ -43,7 +44,7 @@ def _parser() -> argparse.ArgumentParser:
     best.add_argument("log", help="an operator log (JSON lines, the DTR prototype's format)")
     budget = best.add_mutually_exclusive_group(required=True)
     budget.add_argument("--ratio", type=float, help="budget as a fraction of the unconstrained peak, in (0, 1]")
-    budget.add_argument("--budget", help="budget in bytes, or with a unit: 4GB, 512MiB")
+    budget.add_argument("--budget", type=_budget, help="budget in bytes, or with a unit: 4GB, 512MiB")
     best.add_argument(
         "--time-limit", type=float, default=60.0, help="seconds for refinement and the MILP solver (default: 60)"
     )
@@ -73,11 +74,37 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _budget(text: str) -> "int | str":
+    """Plain digits are bytes (as the Python API reads an int); anything
+    else is a size with a unit, read by `jdtr.parse_budget`."""
+    return int(text) if text.strip().isdigit() else text
+
+
+def _overhead_limit(text: str) -> float:
+    """A slowdown: at least 1 (a run costs its baseline), `inf` for none."""
+    try:
+        limit = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number; got {text!r}") from None
+    if math.isnan(limit) or limit < 1.0:
+        raise argparse.ArgumentTypeError(f"must be at least 1 (a slowdown; inf for no limit); got {text!r}")
+    return limit
+
+
+def _read(log: str) -> Trace:
+    """The log, refused when it asks nothing of the runtime: a simulation of
+    it would report a budget and an overhead of nothing."""
+    trace = Trace.from_log(log)
+    if not any(isinstance(step, ComputeStep) and not step.constant for step in trace.program.steps):
+        raise ValueError(f"{log} has no operator calls (CALL or MUTATE records after ANNOTATE START): nothing to simulate")
+    return trace
+
+
 def _add_common(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--dealloc", default="eager", choices=DEALLOC_POLICIES, help="default: eager")
     parser.add_argument(
         "--overhead-limit",
-        type=float,
+        type=_overhead_limit,
         default=2.0,
         help="stop a run as thrashing beyond this slowdown (default: 2.0, as the paper)",
     )
@@ -129,7 +156,7 @@ class _Progress:
 
 def _replay(args: argparse.Namespace) -> int:
     budget = args.ratio if args.ratio is not None else args.budget
-    result = simulate(args.log, budget, args.heuristic, args.dealloc, overhead_limit=args.overhead_limit)
+    result = simulate(_read(args.log), budget, args.heuristic, args.dealloc, overhead_limit=args.overhead_limit)
     if args.json:
         print(json.dumps({"log": args.log, **result.to_dict()}))
     else:
@@ -163,7 +190,7 @@ def _describe_optimal(log: str, result: OptimalResult) -> str:
 
 def _optimal(args: argparse.Namespace) -> int:
     budget = args.ratio if args.ratio is not None else args.budget
-    result = optimal(args.log, budget, time_limit=args.time_limit, method=args.method)
+    result = optimal(_read(args.log), budget, time_limit=args.time_limit, method=args.method)
     if args.json:
         print(json.dumps({"log": args.log, **result.to_dict()}))
     else:
@@ -172,7 +199,7 @@ def _optimal(args: argparse.Namespace) -> int:
 
 
 def _sweep(args: argparse.Namespace) -> int:
-    trace = Trace.from_log(args.log)
+    trace = _read(args.log)
     progress = None if args.quiet else _Progress(sys.stderr)
     results = sweep(
         trace, args.ratios, args.heuristics, args.dealloc, overhead_limit=args.overhead_limit, progress=progress

@@ -551,3 +551,39 @@ def test_python_dash_m_jdtr(tiny_log):
     )
     out = json.loads(done.stdout)
     assert out["status"] == "ok" and math.isclose(out["overhead"], 1.001)
+
+
+SHIPPED_LOG = Path(__file__).resolve().parents[1] / "examples" / "data" / "transformer-2x32.log"
+
+
+def test_cli_on_the_shipped_log(capsys):
+    """The README's commands on the log in the repository (issue 23, item 7),
+    against the library's own reading of it."""
+    assert main(["replay", str(SHIPPED_LOG), "--ratio", "0.5", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    expected = jdtr.simulate(jdtr.Trace.from_log(SHIPPED_LOG), 0.5)
+    assert out["status"] == "ok" and out["overhead"] == expected.overhead and round(expected.overhead, 3) == 1.164
+    assert out["rematerializations"] == expected.rematerializations > 0
+    assert main(["replay", str(SHIPPED_LOG), "--budget", str(out["unconstrained_peak_bytes"]), "--json"]) == 0
+    at_peak = json.loads(capsys.readouterr().out)  # plain digits are bytes: the peak, where nothing is replayed
+    assert at_peak["budget_ratio"] == 1.0 and at_peak["rematerializations"] == 0
+
+
+def test_cli_refuses_what_has_no_meaning(capsys, tmp_path):
+    empty = tmp_path / "empty.log"
+    empty.write_text("")
+    only_start = tmp_path / "start.log"
+    only_start.write_text(START + "\n")
+    for log in (empty, only_start):
+        for command in ("replay", "optimal", "sweep"):
+            argv = [command, str(log)] + (["--ratio", "0.5"] if command != "sweep" else [])
+            assert main(argv) == 2
+            assert "no operator calls" in capsys.readouterr().err
+    for limit in ("nan", "-1", "0.5", "two"):
+        with pytest.raises(SystemExit) as exit:
+            main(["replay", str(SHIPPED_LOG), "--ratio", "0.5", "--overhead-limit", limit])
+        assert exit.value.code == 2
+        assert "--overhead-limit" in capsys.readouterr().err
+    assert main(["replay", str(SHIPPED_LOG), "--ratio", "0.5", "--overhead-limit", "inf"]) == 0
+    assert main(["replay", str(SHIPPED_LOG), "--budget", "4000000000"]) == 0
+    assert "budget                4000000000 B" in capsys.readouterr().out
