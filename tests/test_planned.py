@@ -632,3 +632,32 @@ def test_a_thrashing_run_says_so_with_a_budget_that_does_not():
     assert online[0].message.suggested_budget_bytes is None
     with pytest.warns(jdtr.ThrashWarning):
         tighter(ws, x)
+
+
+def test_debug_from_several_threads_counts_each_calls_arrays():
+    """Issue 23, item 9: `debug=True` calls from several threads at once run
+    one at a time, so that `jax.live_arrays()` holds one call's arrays (the
+    others' made a false "exceed the budget" assertion)."""
+    model = MODELS["mlp"]()
+    expected = jax.grad(model.loss)(model.params, model.batch)
+    f = jdtr.grad(model.loss, budget=0.5, return_stats=True, debug=True, mode="online")
+    g = jdtr.grad(model.loss, budget=0.5, return_stats=True, debug=True)
+    results, errors = [], []
+
+    def work(fn):
+        try:
+            for _ in range(3):
+                results.append(fn(model.params, model.batch))
+        except BaseException as err:  # noqa: BLE001 - reported below
+            errors.append(err)
+
+    threads = [threading.Thread(target=work, args=(fn,)) for fn in (f, g, f, g)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors
+    assert len(results) == 12
+    for grads, stats in results:
+        assert stats.live_peak_bytes <= stats.budget_bytes
+        assert_close(grads, expected, rtol=1e-4, atol=1e-5)

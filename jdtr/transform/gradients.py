@@ -26,9 +26,11 @@ the runtime as an operator log in the DTR prototype's format, which
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import math
 import os
+import threading
 import time
 import warnings
 from dataclasses import dataclass
@@ -66,6 +68,10 @@ from .caches import Traced, trace_cache
 from .planner import AUTO, THRASH_OVERHEAD, observe, plan_run, plannable, refine
 
 MODES = ("planned", "online")
+# `debug=True` sums `jax.live_arrays()`, which holds every thread's arrays:
+# debug calls run one at a time, so that it holds one call's (calls without
+# debug beside them still count: the docs say so).
+_DEBUG_LOCK = threading.Lock()
 CHUNK_POLICIES = ("auto", "always", "never")
 
 @dataclass(eq=False, repr=False)
@@ -187,13 +193,14 @@ class _ValueAndGrad:
                 source=None,
             )
         check = None
-        if self.debug:
-            check = LiveArrayCheck(budget_bytes, [*inputs, *(a for _, a in program.consts)])
-        try:
-            outputs, report, log = run(traced, budget_bytes, inputs, owned, check)
-        finally:
-            if check is not None:
-                check.release()
+        with _DEBUG_LOCK if self.debug else contextlib.nullcontext():
+            if self.debug:
+                check = LiveArrayCheck(budget_bytes, [*inputs, *(a for _, a in program.consts)])
+            try:
+                outputs, report, log = run(traced, budget_bytes, inputs, owned, check)
+            finally:
+                if check is not None:
+                    check.release()
         stats = Stats(
             **report,
             budget_bytes=budget_bytes,
@@ -398,7 +405,9 @@ def value_and_grad(
         `jdtr.OpInfo -> float`.
       return_stats: also return a `jdtr.Stats`.
       debug: check after every operator that the bytes of `jax.live_arrays()`
-        the run holds stay within the budget (slow).
+        the run holds stay within the budget (slow). Debug calls from several
+        threads run one at a time; arrays that calls without debug make
+        meanwhile are counted too.
       timeline: record residency events in `Stats.timeline`.
       log: a path: each call writes there the operator log of what the
         program asked of the runtime (the branches it took, costs as
