@@ -415,3 +415,31 @@ def test_aux_values_come_back_as_jax_returns_them():
         np.testing.assert_allclose(grads, grads_e, rtol=1e-5)
     grads, aux = jdtr.grad(lambda w, x: (f(w, x)[0], "only a string"), has_aux=True)(w, x)
     assert aux == "only a string"
+
+
+def test_python_control_flow_on_traced_values_says_what_to_do():
+    """Issue 23, item 4: JAX's tracer errors name jdtr's wrapper; the error
+    says that jdtr traces the step ahead, and what to use instead."""
+
+    def branch(w):
+        if jnp.sum(w) > 0:
+            return jnp.sum(w**2)
+        return jnp.sum(w)
+
+    def number(w):
+        return jnp.sum(w) * float(jnp.sum(w))
+
+    def index(w):
+        return jnp.sum(w[: int(jnp.sum(w))])
+
+    for fun in (branch, number, index):
+        with pytest.raises(jax.errors.JAXTypeError) as caught:
+            jdtr.grad(fun, budget=0.9)(jnp.ones(3))
+        notes = "\n".join(getattr(caught.value, "__notes__", []))
+        assert "traces the whole step before it runs it" in notes and "lax.cond" in notes, fun.__name__
+    # The same step with the branch written as JAX control flow runs.
+    fixed = lambda w: jax.lax.cond(jnp.sum(w) > 0, lambda w: jnp.sum(w**2), jnp.sum, w)  # noqa: E731
+    np.testing.assert_allclose(jdtr.grad(fixed)(jnp.ones(3)), jax.grad(fixed)(jnp.ones(3)))
+    # A Python number argument is static: control flow on it is fine.
+    scaled = lambda w, k: jnp.sum(w**2) if k > 1 else jnp.sum(w)  # noqa: E731
+    np.testing.assert_allclose(jdtr.grad(scaled)(jnp.ones(3), 2), jax.grad(scaled)(jnp.ones(3), 2))

@@ -73,6 +73,13 @@ MODES = ("planned", "online")
 # debug beside them still count: the docs say so).
 _DEBUG_LOCK = threading.Lock()
 CHUNK_POLICIES = ("auto", "always", "never")
+_TRACED_CONTROL_FLOW = (
+    "jdtr traces the whole step before it runs it (as jax.jit does: it plans the run ahead), so Python "
+    "control flow on a value computed from the arguments (`if`, `float()`, `int()`, a loop bound) has no "
+    "value to read. Use lax.cond / lax.switch or jnp.where for branches, lax.scan or a fori_loop with "
+    "Python bounds for loops, or pass the value as a Python number: arguments that are not arrays are "
+    "static (part of the traced structure). Eager jax.grad runs such code; jax.jit(jax.grad) fails the same way."
+)
 
 @dataclass(eq=False, repr=False)
 class _ValueAndGrad:
@@ -109,7 +116,11 @@ class _ValueAndGrad:
         aux: list = []
         if self.has_aux:
             value_and_grads = arrays_of_aux(value_and_grads, aux)
-        closed, out_shape = jax.make_jaxpr(arguments.bind(value_and_grads), return_shape=True)(*arguments.traced_specs)
+        try:
+            closed, out_shape = jax.make_jaxpr(arguments.bind(value_and_grads), return_shape=True)(*arguments.traced_specs)
+        except (jax.errors.ConcretizationTypeError, jax.errors.TracerIntegerConversionError) as err:
+            err.add_note(_TRACED_CONTROL_FLOW)  # JAX's message names jdtr's wrapper, not what to do
+            raise
         out_tree = jax.tree_util.tree_structure(out_shape)
         program = normalize(closed, self.cost_model)
         assign_workspaces(program)
