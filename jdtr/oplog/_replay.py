@@ -4,24 +4,8 @@ from __future__ import annotations
 
 from typing import Any, Optional
 
-from ..runtime import Runtime, Tensor, future_uses
+from ..runtime import Runtime, Tensor, future_uses, operation_costs
 from ._program import ComputeStep, Program, RetainStep
-
-
-def positions(program: Program) -> list[float]:
-    """Per operation (constants are not operations), how far it moves the
-    program on: its cost, or 1 each where a cost is measured at run time
-    (none is known ahead, so an operation is the unit)."""
-    costs = [step.cost for step in program.steps if isinstance(step, ComputeStep) and not step.constant]
-    if any(cost is None for cost in costs):
-        return [1.0] * len(costs)
-    return costs
-
-
-def _operations(program: Program, costs: list[float]):
-    """The program's operations for `future_uses`."""
-    operations = (s for s in program.steps if isinstance(s, ComputeStep) and not s.constant)
-    return ((step.inputs, cost) for step, cost in zip(operations, costs))
 
 
 def replay(program: Program, runtime: Runtime, source: Optional[str] = None) -> list[Any]:
@@ -38,9 +22,10 @@ def replay(program: Program, runtime: Runtime, source: Optional[str] = None) -> 
     """
     values: list[Optional[Tensor]] = [None] * len(program.value_names)
     schedule = runtime.schedule  # the program's future, for heuristics that look ahead
-    if schedule is not None:
-        costs = positions(program)
-        uses = future_uses(_operations(program, costs), program.outputs)
+    if schedule is not None:  # constants are not operations
+        operations = [s for s in program.steps if isinstance(s, ComputeStep) and not s.constant]
+        costs = operation_costs(step.cost for step in operations)
+        uses = future_uses(zip((step.inputs for step in operations), costs), program.outputs)
         advances = iter(costs)
     for step in program.steps:
         if isinstance(step, ComputeStep):

@@ -26,6 +26,7 @@ from .runtime import Runtime as Runtime
 from .runtime import ThrashError as ThrashError
 from .schedule import Schedule as Schedule
 from .schedule import future_uses as future_uses
+from .schedule import operation_costs as operation_costs
 
 __all__ = [
     "Backend",
@@ -53,5 +54,6 @@ __all__ = [
     "evicted_neighborhood",
     "format_bytes",
     "future_uses",
+    "operation_costs",
     "get_heuristic",
 ]

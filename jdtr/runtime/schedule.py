@@ -30,6 +30,16 @@ from .graph import Storage, Tensor
 Key = TypeVar("Key", bound=Hashable)
 
 
+def operation_costs(costs: Iterable[Optional[float]]) -> list[float]:
+    """How far each operation moves the program on, for `future_uses` and
+    `Schedule.advance`: its cost, or 1 each where any cost is unknown ahead
+    (measured when it runs): positions then count operations."""
+    costs = list(costs)
+    if any(cost is None for cost in costs):
+        return [1.0] * len(costs)
+    return costs
+
+
 def future_uses(operations: Iterable[tuple[Iterable[Key], float]], outputs: Iterable[Key]) -> dict[Key, list[float]]:
     """What a driver announces: per value, the positions at which the program
     reads it, ascending. `operations` are the program's operations in order,

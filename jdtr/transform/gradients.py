@@ -68,11 +68,11 @@ from .caches import Traced, trace_cache
 from .planner import AUTO, THRASH_OVERHEAD, observe, plan_run, plannable, refine
 
 MODES = ("planned", "online")
+CHUNK_POLICIES = ("auto", "always", "never")
 # `debug=True` sums `jax.live_arrays()`, which holds every thread's arrays:
 # debug calls run one at a time, so that it holds one call's (calls without
 # debug beside them still count: the docs say so).
 _DEBUG_LOCK = threading.Lock()
-CHUNK_POLICIES = ("auto", "always", "never")
 _TRACED_CONTROL_FLOW = (
     "jdtr traces the whole step before it runs it (as jax.jit does: it plans the run ahead), so Python "
     "control flow on a value computed from the arguments (`if`, `float()`, `int()`, a loop bound) has no "

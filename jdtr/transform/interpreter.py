@@ -17,7 +17,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from ..oplog import TraceRecorder
-from ..runtime import Operator, Runtime, Tensor, future_uses
+from ..runtime import Operator, Runtime, Tensor, future_uses, operation_costs
 from .costs import nanoseconds
 from .program import Cond, Equation, Program, Value
 
@@ -193,9 +193,7 @@ def program_future(program: Program) -> tuple[dict[Value, list[float]], list[flo
     unknown, as with measured costs); a value read inside a `cond` branch is
     read at the `cond`'s position, and the outputs are read at the end.
     """
-    costs = [_item_cost(item) for item in program.body]
-    if any(cost is None for cost in costs):
-        costs = [1.0] * len(program.body)
+    costs = operation_costs(_item_cost(item) for item in program.body)
     outputs = [atom for atom in program.outputs if isinstance(atom, Value)]
     return future_uses(zip(map(_reads, program.body), costs), outputs), costs
 
