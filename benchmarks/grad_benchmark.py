@@ -13,12 +13,17 @@ Then a TreeLSTM (a model whose program is its input's shape): one tree run
 again and again, and a fresh tree every call (traced, planned and run step
 by step each time), against eager `jax.grad` on the same trees.
 
+Then a model with a `lax.cond` on data per block (`models.gated_mlp`): with
+one path (its batch's gates) in the models' table, and with its gates drawn
+from a few patterns call by call (a plan per path, `--only conds`).
+
     python benchmarks/grad_benchmark.py --output docs/benchmarks.md
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import datetime
 import os
 import platform
@@ -68,6 +73,10 @@ def bench_model(model, ratios, repeats):
             if isinstance(name, tuple):
                 first[name] = out[1]
                 second[name] = timed(fn, *args)[1][1]  # compiles the plan's chunks
+                third = timed(fn, *args)[1][1]  # (a path of conds: the plans it followed, refined on the second)
+                second[name] = dataclasses.replace(
+                    third, planning_time_s=second[name].planning_time_s + third.planning_time_s
+                )
         except jdtr.OutOfBudgetError as err:
             failed.add(name)
             first[name] = err
@@ -167,6 +176,43 @@ def bench_tree_lstm(repeats: int, leaves: int = 44, hidden: int = 256, features:
     ]
 
 
+# ---------------------------------------------------------------- conds on data
+
+
+def bench_paths(model, repeats: int, ratio: float = 0.5, patterns: int = 4):
+    """`model` (a `gated_mlp`) with its gates drawn from `patterns` patterns,
+    one a call in turn: planned (a plan per path), online, `jax.jit`."""
+    x, gates = model.batch
+    batches = [(x, jnp.where(jax.random.uniform(jax.random.PRNGKey(i), gates.shape) < 0.3, -1.0, 1.0)) for i in range(patterns)]
+    planned = jdtr.grad(model.loss, budget=ratio, return_stats=True)
+    online = jdtr.grad(model.loss, budget=ratio, return_stats=True, mode="online")
+    jit = jax.jit(jax.grad(model.loss))
+    for _ in range(3):  # plans of each path, then their chunks
+        for batch in batches:
+            timed(planned, model.params, batch)
+    for batch in batches:
+        timed(jit, model.params, batch)
+        timed(online, model.params, batch)
+    times = {"planned": [], "online": [], "jit": []}
+    stats = []
+    for _ in range(repeats):
+        for batch in batches:
+            for name, fn in (("planned", planned), ("online", online), ("jit", jit)):
+                elapsed, out = timed(fn, model.params, batch)
+                times[name].append(elapsed)
+                if name == "planned":
+                    stats.append(out[1])
+    med = {k: statistics.median(v) for k, v in times.items()}
+    (traced,) = planned.cache.values()
+    paths = sum(len(plan.paths) for plan in traced.plans.values())
+    return [
+        f"| {model.name}, {patterns} gate patterns in turn | {ratio} | {stats[-1].execution}, "
+        f"{statistics.median(s.chunks for s in stats):.0f} dispatches, {paths} plans beside the first, "
+        f"max peak/budget {max(s.peak_bytes / s.budget_bytes for s in stats):.3f} "
+        f"| {med['planned'] / med['jit']:.2f} | {med['online'] / med['jit']:.2f} | {med['jit'] * 1e3:.1f} ms |"
+    ]
+
+
 # ---------------------------------------------------------------- the optimum
 
 
@@ -197,7 +243,8 @@ def main(argv=None):
     parser.add_argument("--output", help="append the markdown report here")
     parser.add_argument("--small", action="store_true", help="small models (a quick check)")
     parser.add_argument(
-        "--only", choices=["models", "flax", "trees", "optimum"], nargs="+", default=["models", "flax", "trees", "optimum"],
+        "--only", choices=["models", "flax", "trees", "optimum", "conds"], nargs="+",
+        default=["models", "flax", "trees", "optimum", "conds"],
         help="which parts to run (default: all)",
     )
     args = parser.parse_args(argv)
@@ -205,6 +252,7 @@ def main(argv=None):
         suite = [models.mlp_chain(16, 64, 256), models.rnn(16, 32, 8, 64)] if "models" in args.only else []
         flax = [models.flax_scan_lstm(steps=8, hidden=32, features=8, batch=16)] if "flax" in args.only else []
         tree = dict(leaves=8, hidden=16, features=8, batch=128)
+        gated = [models.gated_mlp(blocks=6, width=32, batch=64)] if "conds" in args.only else []
     else:
         suite = [
             models.mlp_chain(layers=64, width=256, batch=2048),
@@ -219,13 +267,14 @@ def main(argv=None):
             models.flax_scan_lstm(steps=64, hidden=256, features=64, batch=64),
         ] if "flax" in args.only else []
         tree = {}
+        gated = [models.gated_mlp(blocks=16, width=256, batch=1024)] if "conds" in args.only else []
     lines = [
         "| model | budget ratio | peak/budget | evictions | rematerializations | overhead | heuristic kept | chunks / steps "
         "| planning s / compile s | planned / jit | online / jit | planned / eager |",
         "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     baselines = []
-    for model in [*suite, *flax]:
+    for model in [*suite, *flax, *gated]:
         print(f"benchmarking {model.name} ...", file=sys.stderr)
         rows, baseline = bench_model(model, args.ratios, args.repeats)
         lines += rows
@@ -235,13 +284,17 @@ def main(argv=None):
     trees = bench_tree_lstm(args.repeats, **tree) if "trees" in args.only else []
     print("benchmarking the optimum ...", file=sys.stderr)
     optimum = bench_optimum() if "optimum" in args.only else []
+    print("benchmarking paths ...", file=sys.stderr)
+    paths = [row for model in gated for row in bench_paths(model, args.repeats)]
     report = "\n".join(
         [
             f"### jdtr.grad planned (heuristic=\"auto\"), {datetime.date.today().isoformat()}",
             "",
             f"Machine: {machine()}. Median of {args.repeats} interleaved runs. Overhead in cost-model units "
-            "((base + remat) / base). \"chunks / steps\": dispatches of a compiled step / of the plan's first, step-by-step run. "
-            "\"planning s / compile s\": the first call's simulations / the second call's cutting and compiling of chunks. "
+            "((base + remat) / base). \"chunks / steps\": dispatches of a compiled step (the third call) / of the plan's first, "
+            "step-by-step run. "
+            "\"planning s / compile s\": the first call's simulations / the second and third calls' planning, cutting and "
+            "compiling of chunks. "
             "Times relative to `jax.jit(jax.grad)` and un-jitted `jax.grad`, measured in the same run; \"online\" is "
             "`mode=\"online\"` (the paper's algorithm, one equation per dispatch).",
             "",
@@ -259,6 +312,10 @@ def main(argv=None):
             "| its planning | jdtr.optimal | plan / optimum |",
             "|---|---|---|---|---|---|",
             *optimum,
+            "",
+            "| a cond on data per block, paths varying | budget ratio | jdtr | planned / jit | online / jit | jax.jit(jax.grad) |",
+            "|---|---|---|---|---|---|",
+            *paths,
             "",
         ]
     )

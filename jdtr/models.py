@@ -202,6 +202,28 @@ def rnn(steps: int = 32, hidden: int = 64, features: int = 16, batch: int = 8, s
     return Model(f"rnn{steps}x{hidden}_b{batch}", loss, params, xs)
 
 
+def gated_mlp(blocks: int = 16, width: int = 256, batch: int = 1024, seed: int = 0) -> Model:
+    """A residual tanh MLP whose blocks the data switches on and off: block
+    i runs (two layers) where the batch's gate i is positive, else a cheap
+    scaling, by `lax.cond` on data (layer drop, as in stochastic depth, with
+    the draw as an input). The batch is `(x, gates)`; `gates` pick the path."""
+    keys = jax.random.split(jax.random.PRNGKey(seed), 2 * blocks + 2)
+    params = [
+        (jax.random.normal(a, (width, width)) / jnp.sqrt(width), jax.random.normal(b, (width, width)) / jnp.sqrt(width))
+        for a, b in zip(keys[0 : 2 * blocks : 2], keys[1 : 2 * blocks : 2])
+    ]
+    x = jax.random.normal(keys[-2], (batch, width), jnp.float32)
+    gates = jnp.where(jnp.arange(blocks) % 3 == 2, -1.0, 1.0)  # every third block dropped
+
+    def loss(params, batch):
+        h, gates = batch
+        for (w1, w2), gate in zip(params, gates):
+            h = lax.cond(gate > 0, lambda a: a + jnp.tanh(jnp.tanh(a @ w1) @ w2), lambda a: a * 0.9, h)
+        return jnp.mean(h**2)
+
+    return Model(f"gated_mlp{blocks}x{width}_b{batch}", loss, params, (x, gates))
+
+
 def batchnorm_cnn(batch: int = 64, seed: int = 0) -> Model:
     """A small Flax NNX CNN with BatchNorm (issue 21's): where the paper's
     heuristics run out of budget at 0.6 of its peak and recompute 1.5x more

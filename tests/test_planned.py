@@ -341,7 +341,7 @@ def test_a_failing_chunk_frees_what_it_made_and_keeps_the_callers_arrays(monkeyp
     assert_close(f(model.params, model.batch)[0], jax.grad(model.loss)(model.params, model.batch), rtol=1e-4, atol=1e-5)
 
 
-def test_cond_on_data_runs_online_and_measured_costs_are_planned_from_the_first_run():
+def test_cond_on_data_is_planned_and_measured_costs_are_planned_from_the_first_run():
     def loss(w, x):
         h = jnp.tanh(x @ w)
         h = jax.lax.cond(jnp.sum(h) > 0, lambda a: a * 2, lambda a: a - 1, h)
@@ -349,6 +349,9 @@ def test_cond_on_data_runs_online_and_measured_costs_are_planned_from_the_first_
 
     w, x = jnp.ones((4, 4)), jnp.ones((8, 4))
     grads, stats = jdtr.grad(loss, budget=0.8, return_stats=True)(w, x)
+    assert stats.execution == "steps"  # planned by paths (tests/test_paths.py)
+    assert_close(grads, jax.grad(loss)(w, x))
+    grads, stats = jdtr.grad(loss, budget=0.8, return_stats=True, mode="online")(w, x)
     assert stats.execution == "online" and stats.heuristic == "lookahead"
     assert_close(grads, jax.grad(loss)(w, x))
     # Measured costs: measured by the first (online) run, planned from on the next.
@@ -558,7 +561,9 @@ def test_the_optimal_schedule_written_as_a_line_computes_jax_grads_gradients_wit
     assert counters.rematerializations == line.rematerializations > 0
     assert result.overhead == pytest.approx(counters.overhead, rel=1e-3)
     leaves = jax.tree_util.tree_leaves((model.params, model.batch))
-    outputs = Execution(line, leaves, owned, None).steps()
+    execution = Execution(line, leaves, owned, None)
+    assert execution.steps() == len(line.steps)  # no reads: to the end
+    outputs = execution.outputs()
     value, grads = jax.tree_util.tree_unflatten(traced.out_tree, outputs)
     assert_close(grads, jax.grad(model.loss)(model.params, model.batch))
     assert not any(leaf.is_deleted() for leaf in leaves)

@@ -108,6 +108,23 @@ def test_control_flow_programs_match_jax_under_budget(program, configs):
     check_program(program, configs)
 
 
+@given(programs(min_ops=3, max_ops=6, operations=("cond", "unary", "binary", "matmul")), st.sampled_from([0.8, 0.9, 1.0]))
+def test_cond_programs_planned_by_paths_match_jax_under_budget(program, ratio):
+    """Random programs with `cond`s, planned per path of branches (no log,
+    no timeline: those run online), step by step and in chunks."""
+    note(repr(program))
+    assume("lax.cond(" in program.source or "lax.switch(" in program.source)
+    fun, (args, kwargs) = program.loss(), program.arguments()
+    calls = RECORD.calls
+    expected = reference(program, args, kwargs)
+    callbacks = RECORD.calls - calls
+    assume(is_usable(expected))
+    for chunks in ("never", "always"):
+        stats = check_run(fun, args, expected, budget=ratio, heuristic="auto", chunks=chunks, argnums=program.argnums,
+                          has_aux=program.has_aux, callbacks=callbacks, kwargs=kwargs)
+        assert stats is None or stats.execution in ("steps", "chunks", "online")
+
+
 # ------------------------------------------------------------------ determinism
 
 DEALLOCS = ("eager", "banish", "ignore")

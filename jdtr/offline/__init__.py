@@ -18,6 +18,7 @@ from .driver import run as run
 from .driver import run_baseline as run_baseline
 from .straightline import Compute as Compute
 from .straightline import Free as Free
+from .straightline import Read as Read
 from .straightline import RecordingBackend as RecordingBackend
 from .straightline import StraightLine as StraightLine
 from .stage_line import StagedRun as StagedRun
@@ -38,6 +39,7 @@ __all__ = [
     "METHODS",
     "MILP_MAX_BINARIES",
     "OptimalResult",
+    "Read",
     "RecordingBackend",
     "SimResult",
     "StagedRun",

@@ -11,8 +11,10 @@ compiled into one program (`jdtr.transform.chunks`).
 
 `RecordingBackend` is the runtime's backend in that simulation: its buffers
 are slot numbers, and it writes down every request as a `Compute` or a
-`Free` step. No JAX here: a payload is whatever the program handed the
-runtime (an equation, for `jdtr.grad`).
+`Free` step, and the driver's reads of a buffer's contents (a `cond`'s
+predicate) as `Read` steps, where a run goes on by the branch read. No JAX
+here: a payload is whatever the program handed the runtime (an equation,
+for `jdtr.grad`).
 """
 
 from __future__ import annotations
@@ -44,7 +46,15 @@ class Free:
     slot: int
 
 
-Step = Union[Compute, Free]
+@dataclass(frozen=True)
+class Read:
+    """The driver reads the buffer in `slot` here (a `cond`'s predicate), and
+    goes on by the branch it selects."""
+
+    slot: int
+
+
+Step = Union[Compute, Free, Read]
 
 
 @dataclass
@@ -79,7 +89,7 @@ class StraightLine:
             resident.append(alive)
             if type(step) is Compute:
                 alive += sum(self.sizes[s] for s in step.outputs)
-            else:
+            elif type(step) is Free:
                 alive -= self.sizes[step.slot]
         resident.append(alive)
         return resident
@@ -140,6 +150,10 @@ class RecordingBackend:
     def free(self, buffer: Any) -> None:
         if type(buffer) is int and buffer not in self.externals:
             self.steps.append(Free(buffer))
+
+    def read(self, buffer: Any) -> None:
+        """The program reads `buffer` here (it is resident)."""
+        self.steps.append(Read(self.slot_of(buffer)))
 
     def line(self, outputs: list[Any]) -> StraightLine:
         """The recorded run, returning the buffers `outputs`."""

@@ -11,8 +11,11 @@ This was `jdtr.trace` before 0.2, a name now left to the function alone.
 """
 
 from ._errors import LogFormatError as LogFormatError
+from ._program import AnnounceStep as AnnounceStep
 from ._program import ComputeStep as ComputeStep
+from ._program import Future as Future
 from ._program import Program as Program
+from ._program import ReadStep as ReadStep
 from ._program import ReleaseStep as ReleaseStep
 from ._program import RetainStep as RetainStep
 from ._program import Step as Step
@@ -29,15 +32,18 @@ from ._replay import replay as replay
 from ._trace import Trace as Trace
 
 __all__ = [
+    "AnnounceStep",
     "Annotate",
     "Call",
     "ComputeStep",
     "Constant",
     "Copy",
     "CopyFrom",
+    "Future",
     "LogFormatError",
     "Mutate",
     "Program",
+    "ReadStep",
     "Record",
     "Release",
     "ReleaseStep",

@@ -94,7 +94,45 @@ class ReleaseStep:
     value: int
 
 
-Step = Union[ComputeStep, RetainStep, ReleaseStep]
+@dataclass(frozen=True)
+class ReadStep:
+    """The driver reads a value's contents here (a `cond`'s predicate): the
+    runtime makes it resident. Only a traced program's lowering has these."""
+
+    value: int
+
+
+@dataclass(frozen=True)
+class AnnounceStep:
+    """More reads of a value the program will make, known from here on (a
+    branch's reads of its operands, once the branch is known): for
+    heuristics that look ahead. Only a traced program's lowering has these."""
+
+    value: int
+    positions: tuple[float, ...]
+
+
+Step = Union[ComputeStep, RetainStep, ReleaseStep, ReadStep, AnnounceStep]
+
+
+@dataclass(frozen=True)
+class Future:
+    """Where a program stands at each step, when its lowering says so rather
+    than the replay counting its operators' costs (a program with `cond`s:
+    a `cond` advances it by its costliest branch, whichever runs, so that
+    what a heuristic is told before a branch does not depend on the branch).
+
+    Attributes:
+      positions: per step, the program's position when it runs (operator
+        calls and reads; None for the other steps).
+      uses: per value, the positions at which the program reads it,
+        announced when the value is made.
+      end: the position at which the outputs are read.
+    """
+
+    positions: tuple[Optional[float], ...]
+    uses: dict[int, tuple[float, ...]]
+    end: float
 
 
 @dataclass(frozen=True)
@@ -111,6 +149,8 @@ class Program:
       constant_bytes: bytes of all constants (weights and inputs).
       largest_op_bytes: the most memory one operator needs at once: its
         outputs plus its inputs (the paper's Figure 2 "largest single op").
+      future: the program's positions, when not its operators' costs in
+        order (a lowering of `cond`s by paths).
     """
 
     steps: tuple[Step, ...]
@@ -119,6 +159,7 @@ class Program:
     compute_cost: float
     constant_bytes: int
     largest_op_bytes: int
+    future: Optional[Future] = None
 
 
 class _Lowering:

@@ -19,7 +19,9 @@ A chunk holds at most `MAX_CHUNK_EQUATIONS` computations: compile time.
 A chunk never computes one equation twice: XLA would merge the copies
 (common subexpressions) and keep the value the plan evicted, so a
 rematerialization of something the chunk already computed starts a new one.
-Equations with effects run alone, once, as the plan pins them.
+Equations with effects run alone, once, as the plan pins them. A `Read` (a
+`cond`'s predicate, read by the driver) ends a chunk and stays an item of
+its own: the run goes on from there by the branch read.
 
 Compiled chunks are cached by content (the executables, how they are wired,
 the input types), so identical chunks — repeated layers, the same cell of a
@@ -36,7 +38,7 @@ from typing import Any, Callable, Hashable, Optional, Sequence, Union
 
 import jax
 
-from ..offline import Compute, Free, StraightLine
+from ..offline import Compute, Free, Read, StraightLine
 
 # Compiled chunks kept, least recently used first out.
 MAX_COMPILED_CHUNKS = 1024
@@ -87,7 +89,7 @@ class Delete:
     slots: tuple[int, ...]
 
 
-Item = Union[Chunk, Delete]
+Item = Union[Chunk, Delete, Read]
 
 
 # ---------------------------------------------------------------- cutting
@@ -102,7 +104,7 @@ class _Span:
     hoisted: frozenset[int] = frozenset()
 
 
-def _spans(line: StraightLine, budget_bytes: float, resident: Sequence[int]) -> list[Union[_Span, Delete]]:
+def _spans(line: StraightLine, budget_bytes: float, resident: Sequence[int]) -> list[Union[_Span, Delete, Read]]:
     """The plan's steps as spans to run as chunks, with the frees between
     them, cut where the plan's count of a chunk's memory would pass the budget.
 
@@ -111,7 +113,7 @@ def _spans(line: StraightLine, budget_bytes: float, resident: Sequence[int]) -> 
     value, mostly): memory is then lower than planned, never higher. A value
     the span reads and then frees is held until the span has run."""
     sizes = line.sizes
-    items: list[Union[_Span, Delete]] = []
+    items: list[Union[_Span, Delete, Read]] = []
     start: Optional[int] = None
     produced: set[int] = set()
     read: set[int] = set()
@@ -131,6 +133,10 @@ def _spans(line: StraightLine, budget_bytes: float, resident: Sequence[int]) -> 
             pending.clear()
 
     for t, step in enumerate(line.steps):
+        if type(step) is Read:
+            close(t)
+            items.append(step)
+            continue
         if type(step) is Free:
             if step.slot in produced:
                 continue  # made and dead inside the span: a temporary
@@ -179,7 +185,7 @@ def cut(line: StraightLine, avals: Sequence[Any], budget_bytes: float) -> list[I
     pending = list(reversed(_spans(line, budget_bytes, resident)))
     while pending:
         span = pending.pop()
-        if isinstance(span, Delete):
+        if not isinstance(span, _Span):
             items.append(span)
             continue
         # Frees done before the span that the plan's count at its start still holds.
@@ -192,10 +198,6 @@ def cut(line: StraightLine, avals: Sequence[Any], budget_bytes: float) -> list[I
                 continue
         items.append(chunk)
     return items
-
-
-def count_chunks(items: Sequence[Item]) -> int:
-    return sum(1 for item in items if isinstance(item, Chunk))
 
 
 # ---------------------------------------------------------------- one chunk

@@ -3,7 +3,9 @@
 The plan (`planner.py`) already took every decision, so running it is a
 loop over slots: call an executable on the arrays in its input slots, put
 its results in its output slots, `delete()` the array of a freed slot.
-Nothing blocks: deletions follow JAX's own ordering of the work in flight.
+Nothing blocks: deletions follow JAX's own ordering of the work in flight,
+except a `Read` (a `cond`'s predicate), where a run stops for the driver to
+read the branch and go on, by the same line or another plan's (`follow`).
 
 Step by step, each equation is one dispatch of its cached executable; in
 chunks (`chunks.py`), a run of equations is one dispatch of one compiled
@@ -16,9 +18,11 @@ from __future__ import annotations
 
 from typing import Any, Callable, Optional, Sequence
 
-from ..offline import Compute, StraightLine
+import numpy as np
+
+from ..offline import Compute, Free, Read, StraightLine
 from . import _jax_core
-from .chunks import Chunk, Item
+from .chunks import Chunk, Delete, Item
 from .program import Program
 
 
@@ -37,11 +41,16 @@ def slot_avals(line: StraightLine, program: Program) -> list[Any]:
 
 
 class Execution:
-    """One run of a plan on `args`; `owned[i]` marks the arguments the run may free."""
+    """One run of a plan on `args`; `owned[i]` marks the arguments the run may free.
+
+    `steps` or `chunks` runs the line to its end, or to its next `Read`,
+    whose index they return (the length of the line or of the chunks at the
+    end); `dispatches` counts the executables called."""
 
     def __init__(self, line: StraightLine, args: Sequence[Any], owned: Sequence[bool], after: Optional[Callable[[], None]]):
         self.line = line
         self.after = after  # called once each dispatch is made (the debug check)
+        self.dispatches = 0
         self.slots: list[Any] = [None] * line.num_slots
         for slot, array in zip(line.arguments, args):
             self.slots[slot] = array
@@ -49,43 +58,76 @@ class Execution:
             self.slots[slot] = array
         self.kept = {slot for slot, mine in zip(line.arguments, owned) if not mine} | set(line.externals)
 
-    def steps(self) -> list[Any]:
+    def steps(self, start: int = 0) -> int:
         """Each equation in turn, with its cached executable."""
-        slots = self.slots
+        slots, steps = self.slots, self.line.steps
         try:
-            for step in self.line.steps:
+            for t in range(start, len(steps)):
+                step = steps[t]
                 if type(step) is Compute:
                     outs = step.payload.fn(*[slots[s] for s in step.inputs])
+                    self.dispatches += 1
                     for slot, out in zip(step.outputs, outs):
                         slots[slot] = out
                     if self.after is not None:
                         self.after()
-                else:
+                elif type(step) is Free:
                     self._delete(step.slot)
+                else:
+                    return t
         except BaseException:
-            self._abandon()
+            self.abandon()
             raise
-        return self._outputs()
+        return len(steps)
 
-    def chunks(self, items: Sequence[Item]) -> list[Any]:
+    def chunks(self, items: Sequence[Item], start: int = 0) -> int:
         """Each chunk as one dispatch, then what the plan freed meanwhile."""
         slots = self.slots
         try:
-            for item in items:
+            for k in range(start, len(items)):
+                item = items[k]
                 if type(item) is Chunk:
                     outs = item.call(*[slots[s] for s in item.inputs])
+                    self.dispatches += 1
                     for slot, out in zip(item.outputs, outs):
                         slots[slot] = out
                     if self.after is not None:
                         self.after()
                     for slot in item.frees:
                         self._delete(slot)
-                else:
+                elif type(item) is Delete:
                     for slot in item.slots:
                         self._delete(slot)
+                else:
+                    return k
         except BaseException:
-            self._abandon()
+            self.abandon()
             raise
+        return len(items)
+
+    def read(self, read: Read) -> int:
+        """The integer in a `Read`'s slot (waits for it to be computed)."""
+        try:
+            return int(np.asarray(self.slots[read.slot]))
+        except BaseException:
+            self.abandon()
+            raise
+
+    def follow(self, line: StraightLine) -> None:
+        """Goes on by `line`, a plan whose steps so far are this one's (so are
+        its slots: those of the literals that only this line uses later may
+        be its computed values there, and are cleared)."""
+        self.slots.extend([None] * (line.num_slots - len(self.slots)))
+        for slot in self.line.externals.keys() - line.externals.keys():
+            self.slots[slot] = None  # the plan's literal, not the run's to delete
+            self.kept.discard(slot)
+        for slot, array in line.externals.items():
+            self.slots[slot] = array  # the same literals before the read, maybe others after it
+            self.kept.add(slot)
+        self.line = line
+
+    def outputs(self) -> list[Any]:
+        """The run's outputs; the run is over."""
         return self._outputs()
 
     def _delete(self, slot: int) -> None:
@@ -99,7 +141,7 @@ class Execution:
         self.slots = []
         return outputs
 
-    def _abandon(self) -> None:
+    def abandon(self) -> None:
         """After an error: frees every array the run made; the caller's stay."""
         for slot in range(len(self.slots)):
             try:

@@ -12,9 +12,13 @@ structure and budget. A call runs them step by step the first time and, from
 the next call on, as compiled chunks (`chunks.py`): one XLA program per run
 of steps, within the budget by XLA's own memory analysis.
 
+A `cond` on data is planned per path (`paths.py`): the plan reads each
+predicate where its `cond` starts and, where a branch is not the one it
+went by, the run follows the plan of the path read so far.
+
 Running online (`mode="online"`, and where no plan can be made before the
-run: a data-dependent `cond`, or costs still to be measured, which the
-first call of a structure then measures for the plans of the next): a fresh DTR
+run: costs still to be measured, which the first call of a structure then
+measures for the plans of the next): a fresh DTR
 runtime per call executes the program eagerly on the device, deciding as it
 goes, the paper's algorithm. Either way every byte the run holds
 (arguments, constants, intermediates, outputs) stays within the budget.
@@ -57,7 +61,7 @@ from ..oplog import Trace, TraceRecorder
 from . import _jax_core
 from .costs import MEASURED, NANOSECOND, CostModel, MeasuredCosts, check_cost_model
 from .arguments import Arguments, Static, argnums_tuple, flatten_arguments
-from .chunks import cut, count_chunks
+from .chunks import cut
 from .executable import assign_workspaces
 from .executor import Execution, slot_avals
 from .interpreter import Interpreter, JaxBackend, LiveArrayCheck
@@ -65,7 +69,8 @@ from .aux import arrays_of_aux
 from .lowering import recording, simulation
 from .normalize import normalize
 from .caches import Traced, trace_cache
-from .planner import AUTO, THRASH_OVERHEAD, observe, plan_run, plannable, refine
+from .paths import run_by_paths
+from .planner import AUTO, THRASH_OVERHEAD, branching, observe, plan_run, plannable, refine
 
 MODES = ("planned", "online")
 CHUNK_POLICIES = ("auto", "always", "never")
@@ -191,7 +196,10 @@ class _ValueAndGrad:
         the `Stats` and, with `log=`, the operator log to write."""
         program = traced.program
         budget_bytes = self.budget.resolve(traced.unconstrained_peak)
-        run = self._planned if self.mode == "planned" and plannable(program) else self._online
+        planned = self.mode == "planned" and plannable(program)
+        if planned and branching(program) and (self.timeline or self.log is not None):
+            planned = False  # a run by paths is several simulations' parts: its events and log are the online run's
+        run = self._planned if planned else self._online
         held = program.held_bytes
         if held > budget_bytes and run == self._online:  # a plan says so itself, with a budget that fits
             raise OutOfBudgetError(
@@ -228,11 +236,13 @@ class _ValueAndGrad:
         """Runs the cached plan for this budget (made first if there is none)."""
         program = traced.program
         key = (budget_bytes, self.heuristic if isinstance(self.heuristic, str) else id(self.heuristic), self.dealloc, tuple(owned))
+        path = () if branching(program) else None  # a cond on data: planned per path (paths.py)
         plan, planned_before = traced.plan(
-            key, lambda: plan_run(program, budget_bytes, self.heuristic, self.dealloc, owned, quick=True)
+            key, lambda: plan_run(program, budget_bytes, self.heuristic, self.dealloc, owned, quick=True, path=path)
         )
         planning = 0.0 if planned_before else plan.planning_time_s
-        if not planned_before and plan.counters.overhead > THRASH_OVERHEAD:  # known before the run: said once per plan
+        known_ahead = plan.path is None and not planned_before  # said once per plan, before the run
+        if known_ahead and plan.counters.overhead > THRASH_OVERHEAD:  # (by paths: once the path is known)
             warnings.warn(ThrashWarning(plan.counters.overhead, budget_bytes, plan.calm_budget_bytes, plan.heuristic), stacklevel=4)
         if planned_before and plan.remaining and traced.claim(key):  # it came back: plan it as a static one
             before, refined = plan.planning_time_s, plan
@@ -243,20 +253,39 @@ class _ValueAndGrad:
             planning = plan.planning_time_s - before
         if self.timeline or self.log is not None:
             observe(plan, program, owned, self.dealloc, self.timeline, self.log is not None)
-        compiled = self.chunks == "always" or (self.chunks == "auto" and planned_before)
-        if compiled and plan.compiled is None:
-            start = time.perf_counter()
-            plan.compiled = cut(plan.line, slot_avals(plan.line, program), budget_bytes)
-            planning += time.perf_counter() - start
-        start = time.perf_counter()
         execution = Execution(plan.line, inputs, owned, check)
-        if compiled:
-            outputs, dispatches = execution.chunks(plan.compiled), count_chunks(plan.compiled)
+        if plan.path is not None:  # a cond on data: by the path its predicates read
+            start = time.perf_counter()
+            try:
+                went = run_by_paths(plan, program, owned, self.dealloc, execution, self.chunks, budget_bytes)
+            except OutOfBudgetError:
+                # The path read does not fit by the plan's heuristic (the first plan's: a plan that
+                # goes on from another must decide as it did): this call runs online, deciding as it
+                # goes, as such a program did before it was planned.
+                return self._online(traced, budget_bytes, inputs, owned, check)
+            outputs = execution.outputs()
+            jax.block_until_ready(outputs)
+            wall = time.perf_counter() - start - went.planning_time_s
+            plan, compiled, planning = went.plan, went.compiled, planning + went.planning_time_s
+            if plan.counters.overhead > THRASH_OVERHEAD and not plan.warned:  # said once per path
+                plan.warned = True
+                warnings.warn(ThrashWarning(plan.counters.overhead, budget_bytes, plan.calm_budget_bytes, plan.heuristic), stacklevel=4)
         else:
-            outputs, dispatches = execution.steps(), plan.line.computations
-        jax.block_until_ready(outputs)
-        report = _report(plan.counters, plan.heuristic, time.perf_counter() - start, self.timeline and plan.timeline)
-        report.update(chunks=dispatches, planning_time_s=planning, execution="chunks" if compiled else "steps")
+            compiled = self.chunks == "always" or (self.chunks == "auto" and planned_before)
+            if compiled and plan.compiled is None:
+                start = time.perf_counter()
+                plan.compiled = cut(plan.line, slot_avals(plan.line, program), budget_bytes)
+                planning += time.perf_counter() - start
+            start = time.perf_counter()
+            if compiled:
+                execution.chunks(plan.compiled)
+            else:
+                execution.steps()
+            outputs = execution.outputs()
+            jax.block_until_ready(outputs)
+            wall = time.perf_counter() - start
+        report = _report(plan.counters, plan.heuristic, wall, self.timeline and plan.timeline)
+        report.update(chunks=execution.dispatches, planning_time_s=planning, execution="chunks" if compiled else "steps")
         return outputs, report, plan.log if self.log is not None else None
 
     def _online(self, traced: Traced, budget_bytes: int, inputs: list, owned: list, check):
@@ -428,10 +457,13 @@ def value_and_grad(
       mode: "planned" (the default) decides the whole run before it starts,
         by simulating DTR on the traced program, and caches the plan per
         argument structure and budget; "online" decides as it runs, one
-        equation at a time (the paper's algorithm). Programs whose run cannot
-        be decided ahead (a `cond` on data) run online; with
-        `cost_model="measured"` the first call of a structure runs online,
-        timing every operator, and later calls are planned from those times.
+        equation at a time (the paper's algorithm). A `cond` on data is
+        planned per path of branches: each predicate is read where its
+        `cond` starts, and a path not seen before is planned then (once).
+        With `cost_model="measured"` the first call of a structure runs
+        online, timing every operator, and later calls are planned from
+        those times. `timeline=` or `log=` on a program with a `cond` run
+        it online.
       chunks: how a plan runs: "auto" (one equation per dispatch the first
         time, compiled chunks from its second run on, when compiling pays),
         "always" (compiled chunks at once) or "never".
@@ -443,7 +475,9 @@ def value_and_grad(
     Raises:
       jdtr.OutOfBudgetError: the budget cannot hold what one operation needs.
         A planned run raises it before any device work, when no candidate
-        fits, with a budget verified to fit (`suggested_budget_bytes`).
+        fits, with a budget verified to fit (`suggested_budget_bytes`). A
+        path of a `cond` on data whose plan does not fit is run online
+        (from its start; the call raises it if that does not fit either).
 
     Example:
       >>> import jax.numpy as jnp, jdtr

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import math
 import time
+from collections import OrderedDict
 from dataclasses import dataclass, field, replace
 from typing import Any, Optional, Sequence, Union
 
@@ -43,8 +44,8 @@ from ..offline import (
 )
 from ..runtime import Counters, Heuristic, OutOfBudgetError, Timeline
 from ..oplog import Trace, TraceRecorder
-from .lowering import lower, recording, simulation
-from .program import Equation, Program
+from .lowering import BranchRead, lower, lower_by_path, recording, simulation
+from .program import Cond, Equation, Program
 
 # The portfolio of `heuristic="auto"`, in order of preference between equals:
 # the lookahead heuristic first (it won on most logs, docs/heuristics.md),
@@ -88,16 +89,25 @@ THRASH_OVERHEAD = 2.0
 
 def plannable(program: Program) -> bool:
     """Whether a run of `program` can be decided before it starts: every cost
-    is known (not measured at run time) and no `cond` needs a predicate read."""
-    return all(type(item) is Equation and item.cost is not None for item in program.body)
+    is known (not measured at run time), in every branch of its `cond`s."""
+    return all(
+        item.cost is not None if type(item) is Equation else all(plannable(branch) for branch in item.branches)
+        for item in program.body
+    )
+
+
+def branching(program: Program) -> bool:
+    """Whether `program` has a `cond` (its run is planned per path, `paths.py`)."""
+    return any(type(item) is Cond for item in program.body)
 
 
 def candidates(heuristic: Union[str, Heuristic], program: Program) -> tuple[Union[str, Heuristic], ...]:
     """The heuristics a plan tries: the portfolio for "auto" (with
-    `jdtr.optimal` only on small programs), else the one named."""
+    `jdtr.optimal` only on small programs without `cond`s: its schedule is
+    not a runtime's, which a run by paths goes on with), else the one named."""
     if heuristic != AUTO:
         return (heuristic,)
-    small = program.num_equations <= OPTIMAL_MAX_EQUATIONS
+    small = program.num_equations <= OPTIMAL_MAX_EQUATIONS and not branching(program)
     return tuple(c for c in PORTFOLIO if c != OPTIMAL or small)
 
 
@@ -132,6 +142,16 @@ class PlannedRun:
     remaining: tuple[Union[str, Heuristic], ...] = ()
     calm_budget_bytes: Optional[int] = None  # where thrashing (overhead > THRASH_OVERHEAD): a budget that is not
     compiled: Any = None  # the executor's chunks, once compiled (when the plan is run again)
+    # A program with `cond`s is planned per path (`paths.py`): the branches
+    # this plan knows, and per `Read` of its line, the `cond` and the branch
+    # it goes on by (known, or guessed).
+    path: Optional[tuple[int, ...]] = None
+    reads: tuple[BranchRead, ...] = ()
+    runs: int = 0  # how many runs went by it (its chunks are compiled from the second on)
+    # The plans of the paths that parted from it (an error: the path does not fit).
+    paths: "OrderedDict[tuple[int, ...], Union[PlannedRun, OutOfBudgetError]]" = field(default_factory=OrderedDict, repr=False)
+    warned: bool = False  # a run by it thrashing was said (a path's plan: once it ran)
+    last_taken: dict = field(default_factory=dict, repr=False)  # per cond (and per count of branches), the branch taken last
     timeline: Optional[tuple] = field(default=None, repr=False)
     log: Optional[Trace] = field(default=None, repr=False)
 
@@ -141,13 +161,22 @@ class _Simulation:
     the program is lowered once (`lowering.lower`), and every candidate
     replays that."""
 
-    def __init__(self, program: Program, owned: Sequence[bool], dealloc: str):
+    def __init__(
+        self, program: Program, owned: Sequence[bool], dealloc: str, path: Optional[Sequence[int]] = None, guess=None
+    ):
         self.program = program
         self.dealloc = dealloc
         self.returned: list = []
         # Slots 0..n-1 are the arguments: a RecordingBackend registers them first.
-        lowered = lower(program, owned, arguments=range(len(program.inputs)))
-        self.workload = simulation(program, returned=self.returned, lowered=lowered)
+        arguments = range(len(program.inputs))
+        self.path = None if path is None else tuple(path)
+        self.reads: tuple[BranchRead, ...] = ()
+        if self.path is None:
+            lowered = lower(program, owned, arguments=arguments)
+        else:
+            lowered, self.reads = lower_by_path(program, self.path, owned, arguments=arguments, guess=guess)
+        self._backend: Optional[RecordingBackend] = None
+        self.workload = simulation(program, returned=self.returned, lowered=lowered, on_read=self._read)
         self.reference: Optional[tuple[SimResult, StraightLine, Trace]] = None
         self.events: tuple = ()  # the residency events of the last `optimal` run that fit
 
@@ -161,7 +190,7 @@ class _Simulation:
     ) -> tuple[SimResult, Counters, Optional[StraightLine]]:
         if heuristic == OPTIMAL:
             return self.optimal(budget_bytes, remat_limit)
-        backend = RecordingBackend()
+        backend = self._backend = RecordingBackend()
         for value in self.program.inputs:
             backend.argument(value.nbytes)
         counters = Counters()
@@ -172,6 +201,9 @@ class _Simulation:
         result = run(play, budget_bytes, heuristic, self.dealloc, limit, [counters, *observers], backend=backend)
         line = backend.line(self.returned) if result.ok else None
         return result, counters, line
+
+    def _read(self, buffer: Any) -> None:
+        self._backend.read(buffer)
 
     def optimal(self, budget_bytes: int, remat_limit: Optional[float] = None) -> tuple[SimResult, Counters, Optional[StraightLine]]:
         """`jdtr.optimal`'s schedule as a run: solved on the program's operator
@@ -233,19 +265,22 @@ def plan_run(
     dealloc: str,
     owned: Sequence[bool],
     quick: bool = False,
+    path: Optional[Sequence[int]] = None,
 ) -> PlannedRun:
     """The cheapest schedule of `program` under `budget_bytes` among the
     candidates of `heuristic` or, `quick`, the first within `QUICK_OVERHEAD`
     (the rest left for `refine`). Raises `OutOfBudgetError` (with a
-    suggested budget) when none fits."""
+    suggested budget) when none fits. With a `path`, a run whose `cond`s
+    take those branches (`lowering.lower_by_path`)."""
     start = time.perf_counter()
-    simulate = _Simulation(program, owned, dealloc)
+    simulate = _Simulation(program, owned, dealloc, path)
     search = _search(simulate, budget_bytes, candidates(heuristic, program), None, QUICK_OVERHEAD if quick else None)
     if search.best is None:
         assert search.error is not None, "a candidate without a remat limit either fits or runs out of memory"
         raise search.error.suggest(_suggest_budget(simulate, candidates(heuristic, program), budget_bytes))
     result, counters, line, chosen = search.best
     plan = _planned(simulate, line, result, counters, chosen, search.tried, 0.0, search.remaining)
+    plan.path, plan.reads = simulate.path, simulate.reads
     if counters.overhead > THRASH_OVERHEAD:
         tried = candidates(heuristic, program)
         plan.calm_budget_bytes = _suggest_budget(simulate, tried, budget_bytes, THRASH_OVERHEAD)
@@ -260,7 +295,7 @@ def refine(plan: PlannedRun, program: Program, owned: Sequence[bool], dealloc: s
     if not plan.remaining:
         return plan
     start = time.perf_counter()
-    simulate = _Simulation(program, owned, dealloc)
+    simulate = _Simulation(program, owned, dealloc, plan.path)
     incumbent = (plan.result, plan.counters, plan.line, plan.candidate)
     search = _search(simulate, plan.result.budget_bytes, plan.remaining, incumbent, None)
     result, counters, line, chosen = search.best
@@ -270,9 +305,30 @@ def refine(plan: PlannedRun, program: Program, owned: Sequence[bool], dealloc: s
         plan.tried, plan.remaining, plan.planning_time_s = tried, (), plan.planning_time_s + elapsed
         return plan
     better = _planned(simulate, line, result, counters, chosen, tried, plan.planning_time_s + elapsed, ())
+    better.path, better.reads, better.runs = plan.path, plan.reads, plan.runs  # (its paths are planned anew: another candidate)
     if counters.overhead > THRASH_OVERHEAD:
         better.calm_budget_bytes = plan.calm_budget_bytes
     return better
+
+
+def plan_path(
+    plan: PlannedRun, program: Program, owned: Sequence[bool], dealloc: str, path: Sequence[int], guess=None
+) -> PlannedRun:
+    """The run of `plan`'s program whose `cond`s take the branches of `path`
+    (the rest as `guess(cond)` says, else their largest), by
+    `plan`'s candidate: up to where its path parts from `plan`'s, the same
+    steps (`lowering.lower_by_path`). Raises `OutOfBudgetError` where it
+    does not fit."""
+    start = time.perf_counter()
+    simulate = _Simulation(program, owned, dealloc, path, guess)
+    result, counters, line = simulate(plan.result.budget_bytes, plan.candidate)
+    if not result.ok:
+        assert result.error is not None, "a run without a remat limit either fits or runs out of memory"
+        raise result.error
+    followed = _planned(simulate, line, result, counters, plan.candidate, ((result.heuristic, result.overhead),), 0.0, ())
+    followed.path, followed.reads = simulate.path, simulate.reads
+    followed.planning_time_s = time.perf_counter() - start
+    return followed
 
 
 def _planned(simulate: _Simulation, line, result, counters, chosen, tried, planning_time_s, remaining) -> PlannedRun:
