@@ -212,6 +212,7 @@ def test_a_path_that_does_not_fit_runs_online_and_raises_with_the_callers_arrays
     (first,) = traced.plans.values()
     (failed,) = first.paths.values()
     assert isinstance(failed, jdtr.OutOfBudgetError) and "does not fit" in failed.__notes__[-1]
+    assert failed.__traceback__ is None  # cached without the call's frames, which hold the caller's arrays
 
 
 def test_a_path_whose_plan_does_not_fit_runs_online_where_that_fits():

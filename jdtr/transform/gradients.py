@@ -258,10 +258,13 @@ class _ValueAndGrad:
             start = time.perf_counter()
             try:
                 went = run_by_paths(plan, program, owned, self.dealloc, execution, self.chunks, budget_bytes)
-            except OutOfBudgetError:
+            except OutOfBudgetError as err:
                 # The path read does not fit by the plan's heuristic (the first plan's: a plan that
-                # goes on from another must decide as it did): this call runs online, deciding as it
-                # goes, as such a program did before it was planned.
+                # goes on from another must decide as it did). The error stays cached with the path:
+                # without this call's frames (they hold the caller's arrays).
+                err.with_traceback(None)
+                went = None
+            if went is None:  # this call runs online, deciding as it goes, as before such programs were planned
                 return self._online(traced, budget_bytes, inputs, owned, check)
             outputs = execution.outputs()
             jax.block_until_ready(outputs)
