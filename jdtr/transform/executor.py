@@ -16,13 +16,14 @@ stops the run, which frees everything else it made.
 
 from __future__ import annotations
 
+import time
 from typing import Any, Callable, Optional, Sequence
 
 import numpy as np
 
 from ..offline import Compute, Free, Read, StraightLine
 from . import _jax_core
-from .chunks import Chunk, Delete, Item
+from .chunks import Chunk, Delete, Item, cut
 from .program import Program
 
 
@@ -38,6 +39,22 @@ def slot_avals(line: StraightLine, program: Program) -> list[Any]:
             for slot, value in zip(step.outputs, step.payload.outputs):
                 avals[slot] = value
     return avals
+
+
+def chunks_for(plan: Any, program: Program, policy: str, budget_bytes: int) -> tuple[Optional[list[Item]], float]:
+    """The compiled chunks a planned run (`planner.PlannedRun`) runs by, or
+    None to run it step by step, as `policy` says ("always", "never", or
+    "auto": from the plan's second run on, when a structure came back and
+    compiling pays); and the seconds cutting and compiling took now. Counts
+    the run."""
+    runs, plan.runs = plan.runs, plan.runs + 1
+    if not (policy == "always" or (policy == "auto" and runs >= 1)):
+        return None, 0.0
+    if plan.compiled is not None:
+        return plan.compiled, 0.0
+    start = time.perf_counter()
+    plan.compiled = cut(plan.line, slot_avals(plan.line, program), budget_bytes)
+    return plan.compiled, time.perf_counter() - start
 
 
 class Execution:

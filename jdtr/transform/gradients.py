@@ -61,9 +61,8 @@ from ..oplog import Trace, TraceRecorder
 from . import _jax_core
 from .costs import MEASURED, NANOSECOND, CostModel, MeasuredCosts, check_cost_model
 from .arguments import Arguments, Static, argnums_tuple, flatten_arguments
-from .chunks import cut
 from .executable import assign_workspaces
-from .executor import Execution, slot_avals
+from .executor import Execution, chunks_for
 from .interpreter import Interpreter, JaxBackend, LiveArrayCheck
 from .aux import arrays_of_aux
 from .lowering import recording, simulation
@@ -274,14 +273,12 @@ class _ValueAndGrad:
                 plan.warned = True
                 warnings.warn(ThrashWarning(plan.counters.overhead, budget_bytes, plan.calm_budget_bytes, plan.heuristic), stacklevel=4)
         else:
-            compiled = self.chunks == "always" or (self.chunks == "auto" and planned_before)
-            if compiled and plan.compiled is None:
-                start = time.perf_counter()
-                plan.compiled = cut(plan.line, slot_avals(plan.line, program), budget_bytes)
-                planning += time.perf_counter() - start
+            items, compiling = chunks_for(plan, program, self.chunks, budget_bytes)
+            planning += compiling
+            compiled = items is not None
             start = time.perf_counter()
             if compiled:
-                execution.chunks(plan.compiled)
+                execution.chunks(items)
             else:
                 execution.steps()
             outputs = execution.outputs()

@@ -21,9 +21,9 @@ result, as the interpreter does. The equation rides along as the step's
 made per path (`paths.py`): each `cond` reached takes the branch the path
 names (beyond it, the branch of a `cond` on the same predicate before it,
 as a `cond`'s transpose in the backward pass is, or the branch a caller
-guesses, or else its largest), and
-its predicate is read first (a `ReadStep`: the runtime makes it resident,
-and a planned run reads it there). What the runtime is told before a `cond` does not depend on the
+guesses, or else its largest), and its predicate is read first (a
+`ReadStep`: the runtime makes it resident, and a planned run reads it
+there). What the runtime is told before a `cond` does not depend on the
 branch taken there or later, so that the plans of two paths agree up to
 where the paths part: positions advance by a `cond`'s costliest branch
 whichever runs, a value is announced at its making with the reads of its
@@ -92,12 +92,17 @@ class _Lowering:
         return self.constant(int(array.nbytes), array, "literal", external=False)
 
     def body(self, program: Program, env: dict[Value, int], start: float = 0.0, top: bool = False) -> None:
-        release = program.release_after
-        for value in release.get(-1, ()):
-            self.steps.append(ReleaseStep(env.pop(value)))
         if self.path is not None:
             offsets = self.offsets(program)
             self.frame = (start, self.reads(program, offsets, top))
+            if not top:  # a branch entered: its reads of its operands, from here on
+                reads = self.frame[1]
+                for value in program.inputs:
+                    if reads.get(value):
+                        self.steps.append(AnnounceStep(env[value], tuple(start + offset for offset in reads[value])))
+        release = program.release_after
+        for value in release.get(-1, ()):
+            self.steps.append(ReleaseStep(env.pop(value)))
         for i, item in enumerate(program.body):
             if self.path is not None:
                 self.here = start + offsets[i]
@@ -145,8 +150,8 @@ class _Lowering:
                 taken = self.path[reached]
             elif cond.index in self.known:  # a predicate read before (a cond's transpose): the same branch
                 taken = min(self.known[cond.index], len(cond.branches) - 1)
-            elif self.guess is not None and self.guess(cond) is not None:
-                taken = min(max(self.guess(cond), 0), len(cond.branches) - 1)
+            elif self.guess is not None and (guessed := self.guess(cond)) is not None:
+                taken = min(max(guessed, 0), len(cond.branches) - 1)
             self.known[cond.index] = taken
             self.taken.append(BranchRead(taken, len(cond.branches), cond))
             self.positions[len(self.steps)] = self.here
@@ -157,13 +162,8 @@ class _Lowering:
             branch_env[value] = self.atom(env, atom)
             if isinstance(atom, Value):
                 self.steps.append(RetainStep(branch_env[value]))
-        if by_path:
-            frame, here = self.frame, self.here
-            reads = self.reads(branch, self.offsets(branch), top=False)
-            for value in branch.inputs:
-                if reads.get(value):
-                    self.steps.append(AnnounceStep(branch_env[value], tuple(here + offset for offset in reads[value])))
-        self.body(branch, branch_env, start=self.here)
+        frame, here = self.frame, self.here
+        self.body(branch, branch_env, start=here)
         results = []
         for atom in branch.outputs:
             results.append(self.atom(branch_env, atom))

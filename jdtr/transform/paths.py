@@ -36,8 +36,7 @@ from typing import Sequence
 
 from ..offline import Compute, Free, Read
 from ..runtime import OutOfBudgetError
-from .chunks import cut
-from .executor import Execution, slot_avals
+from .executor import Execution, chunks_for
 from .planner import PlannedRun, plan_path
 from .program import Program
 
@@ -81,7 +80,7 @@ def run_by_paths(
     how: dict[int, object] = {}  # per plan this run went by: its chunks, or None (step by step)
     while True:
         if id(plan) not in how:
-            how[id(plan)], elapsed = _items(plan, program, chunks, budget_bytes)
+            how[id(plan)], elapsed = chunks_for(plan, program, chunks, budget_bytes)
             planning += elapsed
         items = how[id(plan)]
         compiled = compiled and items is not None
@@ -107,19 +106,6 @@ def run_by_paths(
             raise
         execution.follow(plan.line)
         start = -1
-
-
-def _items(plan: PlannedRun, program: Program, chunks: str, budget_bytes: int):
-    """The plan's compiled chunks, when it runs so (compiled from its second
-    run on, with "auto"), else None; and the time compiling took now."""
-    runs, plan.runs = plan.runs, plan.runs + 1
-    if not (chunks == "always" or (chunks == "auto" and runs >= 1)):
-        return None, 0.0
-    if plan.compiled is not None:
-        return plan.compiled, 0.0
-    began = time.perf_counter()
-    plan.compiled = cut(plan.line, slot_avals(plan.line, program), budget_bytes)
-    return plan.compiled, time.perf_counter() - began
 
 
 def _after_read(steps: Sequence, reads: int) -> int:

@@ -45,7 +45,7 @@ from ..offline import (
 from ..runtime import Counters, Heuristic, OutOfBudgetError, Timeline
 from ..oplog import Trace, TraceRecorder
 from .lowering import BranchRead, lower, lower_by_path, recording, simulation
-from .program import Cond, Equation, Program
+from .program import Equation, Program
 
 # The portfolio of `heuristic="auto"`, in order of preference between equals:
 # the lookahead heuristic first (it won on most logs, docs/heuristics.md),
@@ -98,7 +98,7 @@ def plannable(program: Program) -> bool:
 
 def branching(program: Program) -> bool:
     """Whether `program` has a `cond` (its run is planned per path, `paths.py`)."""
-    return any(type(item) is Cond for item in program.body)
+    return program.has_conds
 
 
 def candidates(heuristic: Union[str, Heuristic], program: Program) -> tuple[Union[str, Heuristic], ...]:

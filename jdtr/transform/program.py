@@ -9,6 +9,7 @@ Liveness gives each value its last use: the paper's deallocation event.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional, Union
 
@@ -110,6 +111,11 @@ class Program:
 
     def __post_init__(self) -> None:
         self.release_after = liveness(self)
+
+    @functools.cached_property
+    def has_conds(self) -> bool:
+        """Whether its body has a `cond` (a structure, fixed once traced)."""
+        return any(isinstance(item, Cond) for item in self.body)
 
     @property
     def held_bytes(self) -> int:
