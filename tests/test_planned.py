@@ -196,6 +196,36 @@ def test_out_of_budget_before_any_device_work_with_a_budget_that_fits(monkeypatc
     assert stats.overhead <= 3.0  # a suggestion is a budget where a candidate does not thrash
 
 
+@pytest.mark.parametrize("ratio", [0.12, 0.01])  # an operation does not fit; the arguments alone do not
+@pytest.mark.parametrize("heuristic", ["auto", "dtr_eq"])
+def test_an_online_run_out_of_budget_suggests_a_budget_it_runs_in(ratio, heuristic):
+    """Issue 23, item 6: the error of a run deciding as it goes suggests a
+    budget verified by simulating that run, and it runs there; the
+    unverified "at least about" sum is gone (it could fail again, or sit
+    above a budget that works, and counted the arguments twice)."""
+    model = MODELS["mlp"]()
+    peak = jdtr.grad(model.loss, return_stats=True, mode="online")(model.params, model.batch)[1].peak_bytes
+    before = live_ids()
+    with pytest.raises(jdtr.OutOfBudgetError) as info:
+        jdtr.grad(model.loss, budget=ratio, heuristic=heuristic, mode="online")(model.params, model.batch)
+    assert live_ids() == before
+    err = info.value
+    assert "at least about" not in str(err)
+    assert err.suggested_budget_bytes is not None and str(err.suggested_budget_bytes) in str(err)
+    assert err.budget_bytes < err.suggested_budget_bytes <= peak
+    online = jdtr.grad(model.loss, budget=err.suggested_budget_bytes, heuristic=heuristic, mode="online", return_stats=True)
+    grads, stats = online(model.params, model.batch)
+    assert_close(grads, jax.grad(model.loss)(model.params, model.batch))
+    assert stats.peak_bytes <= err.suggested_budget_bytes and stats.overhead <= 3.0
+
+
+def test_an_online_run_with_measured_costs_suggests_nothing_unverified():
+    model = MODELS["mlp"]()
+    with pytest.raises(jdtr.OutOfBudgetError) as info:
+        jdtr.grad(model.loss, budget=0.12, mode="online", cost_model="measured")(model.params, model.batch)
+    assert info.value.suggested_budget_bytes is None and "at least about" not in str(info.value)
+
+
 def test_the_portfolio_fits_where_its_first_heuristic_does_not():
     """At 0.4 of this ResNet's peak, lookahead (the portfolio's first) and
     dtr_eq are out of budget (measured); the portfolio fits, with another

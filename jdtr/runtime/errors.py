@@ -56,9 +56,11 @@ class OutOfBudgetError(MemoryError):
             f"`{op_name}`{where} needs {format_bytes(needed_bytes)} ({needed_bytes} bytes) but only "
             f"{format_bytes(free_bytes)} of the {format_bytes(budget_bytes)} budget ({budget_bytes} bytes) "
             f"can be made free: {format_bytes(pinned_bytes)} is pinned (arguments, constants, outputs, "
-            f"effects) and {format_bytes(locked_bytes)} is locked by the operation in flight. "
-            f"Raise the budget to at least about {format_bytes(pinned_bytes + locked_bytes + needed_bytes)}."
+            f"effects) and {format_bytes(locked_bytes)} is locked by the operation in flight."
         )
+        # No budget is suggested from these numbers: what a run needs depends on
+        # what it evicted before this point, so their sum could fail again or sit
+        # above a budget that works (issue 23). A planner adds one it verified (`suggest`).
 
     def suggest(self, budget_bytes: int) -> "OutOfBudgetError":
         """Adds a budget verified to fit (`suggested_budget_bytes`) to the error and its message."""

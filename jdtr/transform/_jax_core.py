@@ -6,6 +6,7 @@ Public names come from `jax.extend.core`; the few things it does not expose
 
 from __future__ import annotations
 
+import math
 from typing import Any, Optional
 
 import jax
@@ -75,6 +76,8 @@ def aval_nbytes(aval: Any) -> int:
     import numpy as np
 
     dtype = aval.dtype
+    if type(dtype) is np.dtype:  # the common case, asked of every value a trace makes
+        return math.prod(aval.shape) * dtype.itemsize
     if jax.dtypes.issubdtype(dtype, jax.dtypes.extended):
         from jax._src import core as _core
 

@@ -34,6 +34,7 @@ class Executable:
     jitted: Any  # the jax.jit object, for lowering (XLA cost analysis)
     trace: Callable[..., list[Any]]  # not jitted: binds the primitive under any trace
     info: Any = None  # cached OpInfo under the XLA cost model
+    cost: Any = None  # cached cost under the default (roofline) model: an executable's key fixes its shapes
     temps: dict = field(default_factory=dict)  # XLA temporary bytes, per input types
 
 
@@ -104,7 +105,7 @@ def primitive_executable(eqn: "_jax_core.JaxprEqn", inputs: Sequence[Any]) -> Ex
             "prim",
             primitive,
             _hashable(tuple(sorted(params.items()))),
-            tuple(_const_key(a.value) if isinstance(a, Const) else (a.shape, str(a.dtype), a.weak_type) for a in inputs),
+            tuple(_const_key(a.value) if isinstance(a, Const) else (a.shape, a.dtype, a.weak_type) for a in inputs),
             _hashable(ctx),
         )
     except TypeError:
@@ -116,7 +117,8 @@ def temp_bytes(exe: Executable, args: Sequence[Any]) -> int:
     """XLA's temporary bytes for one run of `exe` on values like `args`
     (`memory_analysis()` of its compiled form; the compilation is the one a
     first call makes, so it is not paid twice). 0 where XLA cannot say."""
-    key = tuple((tuple(a.shape), str(a.dtype), a.weak_type) for a in args)
+    # (dtypes as themselves: hashable, and `str` of a dtype is slow in numpy)
+    key = tuple((tuple(a.shape), a.dtype, a.weak_type) for a in args)
     found = exe.temps.get(key)
     if found is None:
         structs = [jax.ShapeDtypeStruct(a.shape, a.dtype, weak_type=a.weak_type) for a in args]

@@ -68,8 +68,9 @@ from .aux import arrays_of_aux
 from .lowering import recording, simulation
 from .normalize import normalize
 from .caches import Traced, trace_cache
+from .collection import collection_paused
 from .paths import run_by_paths
-from .planner import AUTO, THRASH_OVERHEAD, branching, observe, plan_run, plannable, refine
+from .planner import AUTO, THRASH_OVERHEAD, branching, observe, plan_run, plannable, refine, verified_budget
 
 MODES = ("planned", "online")
 CHUNK_POLICIES = ("auto", "always", "never")
@@ -114,6 +115,7 @@ class _ValueAndGrad:
 
     # ---------------------------------------------------------------- tracing
 
+    @collection_paused()
     def _trace(self, arguments: Arguments) -> Traced:
         start = time.perf_counter()
         value_and_grads = jax.value_and_grad(self.fun, self.argnums, self.has_aux, self.holomorphic)
@@ -201,14 +203,18 @@ class _ValueAndGrad:
         run = self._planned if planned else self._online
         held = program.held_bytes
         if held > budget_bytes and run == self._online:  # a plan says so itself, with a budget that fits
-            raise OutOfBudgetError(
-                needed_bytes=held,
-                free_bytes=budget_bytes,
-                pinned_bytes=held,
-                locked_bytes=0,
-                budget_bytes=budget_bytes,
-                op_name="arguments and constants",
-                source=None,
+            raise self._verified(
+                OutOfBudgetError(
+                    needed_bytes=held,
+                    free_bytes=budget_bytes,
+                    pinned_bytes=held,
+                    locked_bytes=0,
+                    budget_bytes=budget_bytes,
+                    op_name="arguments and constants",
+                    source=None,
+                ),
+                traced,
+                owned,
             )
         check = None
         with _DEBUG_LOCK if self.debug else contextlib.nullcontext():
@@ -309,7 +315,10 @@ class _ValueAndGrad:
             device_bytes=_device_bytes(inputs, program.held_bytes),
         )
         start = time.perf_counter()
-        outputs = Interpreter(runtime, recorder=recorder).run(program, inputs, owned)
+        try:
+            outputs = Interpreter(runtime, recorder=recorder).run(program, inputs, owned)
+        except OutOfBudgetError as err:
+            raise self._verified(err, traced, owned)
         jax.block_until_ready(outputs)
         if measured is not None:  # later calls plan from what this run measured
             traced.measured(measured.cost_of)
@@ -319,6 +328,17 @@ class _ValueAndGrad:
         report = _report(counters, runtime.heuristic.name, time.perf_counter() - start, events)
         report.update(chunks=counters.computations, planning_time_s=0.0, execution="online")
         return outputs, report, recorder.trace() if recorder is not None else None
+
+
+    def _verified(self, err: OutOfBudgetError, traced: Traced, owned: list) -> OutOfBudgetError:
+        """`err`, from a run that decided as it went, with the least budget at
+        which that run fits, verified in simulation, where it can be."""
+        if err.suggested_budget_bytes is None:
+            heuristic = DEFAULT_HEURISTIC if self.heuristic == AUTO else self.heuristic
+            suggested = verified_budget(traced.program, owned, self.dealloc, heuristic, err.budget_bytes)
+            if suggested is not None:
+                err.suggest(suggested)
+        return err
 
 
 def _report(counters: Counters, heuristic: str, wall_time_s: float, timeline) -> dict[str, Any]:

@@ -44,6 +44,7 @@ from ..offline import (
 )
 from ..runtime import Counters, Heuristic, OutOfBudgetError, Timeline
 from ..oplog import Trace, TraceRecorder
+from .collection import collection_paused
 from .lowering import BranchRead, lower, lower_by_path, recording, simulation
 from .program import Equation, Program
 
@@ -258,6 +259,7 @@ class _Simulation:
         return result, counters, staged.line if staged is not None else None
 
 
+@collection_paused()
 def plan_run(
     program: Program,
     budget_bytes: int,
@@ -288,6 +290,7 @@ def plan_run(
     return plan
 
 
+@collection_paused()
 def refine(plan: PlannedRun, program: Program, owned: Sequence[bool], dealloc: str) -> PlannedRun:
     """`plan` with the candidates it skipped tried too, each cut off at its
     compute: the plan itself if none does better, else a new one, as the whole
@@ -311,6 +314,7 @@ def refine(plan: PlannedRun, program: Program, owned: Sequence[bool], dealloc: s
     return better
 
 
+@collection_paused()
 def plan_path(
     plan: PlannedRun, program: Program, owned: Sequence[bool], dealloc: str, path: Sequence[int], guess=None
 ) -> PlannedRun:
@@ -329,6 +333,18 @@ def plan_path(
     followed.path, followed.reads = simulate.path, simulate.reads
     followed.planning_time_s = time.perf_counter() - start
     return followed
+
+
+@collection_paused()
+def verified_budget(program: Program, owned: Sequence[bool], dealloc: str, heuristic: Union[str, Heuristic], failed_bytes: int) -> Optional[int]:
+    """For a run that did not fit `failed_bytes` deciding as it went (the
+    online mode, by `heuristic`, a single one): the least budget at which
+    that run fits, verified by simulating it (its decisions are the
+    simulation's), as `plan_run`'s errors carry. None where the run cannot
+    be decided ahead: costs measured at run time, or `cond`s on data."""
+    if not plannable(program) or branching(program):
+        return None
+    return _suggest_budget(_Simulation(program, owned, dealloc), (heuristic,), failed_bytes)
 
 
 def _planned(simulate: _Simulation, line, result, counters, chosen, tried, planning_time_s, remaining) -> PlannedRun:

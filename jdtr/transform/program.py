@@ -64,8 +64,9 @@ class Equation:
     executable: Any = None  # the `Executable` `fn` calls, for XLA's analyses
     workspace: int = 0  # bytes XLA takes beside inputs and outputs while it runs (`assign_workspaces`)
 
-    @property
+    @functools.cached_property
     def args(self) -> tuple[Value, ...]:
+        """The inputs that are values (not literals); asked at every step of every simulation."""
         return tuple(a for a in self.inputs if isinstance(a, Value))
 
 

@@ -92,16 +92,18 @@ class ComponentHeuristic(IndexedHeuristic):
         if not members:
             return
         kept = []
+        visits = 0
         for resident in dict.fromkeys(members):
-            if resident.resident and self._next_to(resident, root):
-                kept.append(resident)
-                self.touch(resident)
+            if not resident.resident:
+                continue
+            # Still next to the set? (one of its neighbours an evicted member)
+            for neighbor in (*resident.deps, *resident.dependents):
+                visits += 1
+                state = neighbor.heuristic_state
+                if state is not None and not neighbor.resident and not neighbor.banished and find(state) is root:
+                    kept.append(resident)
+                    self.touch(resident)
+                    break
+        self.read_metadata(visits)
         if kept:
             self._frontier[root] = kept
-
-    def _next_to(self, storage: Storage, root: CostSet) -> bool:
-        for neighbor in (*storage.deps, *storage.dependents):
-            self.read_metadata()
-            if neighbor.heuristic_state is not None and live_evicted(neighbor) and find(neighbor.heuristic_state) is root:
-                return True
-        return False

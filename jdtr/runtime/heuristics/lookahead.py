@@ -72,26 +72,32 @@ class Lookahead(DTREqClass):
         """The earliest next use of `storage` or of an evicted storage depending
         on it through evicted storages; gives up (False) once one is less than
         `least` ahead of `position`."""
-        schedule = self.run.schedule
         need = own
         if need - position < least:
             return need, False
+        # The walk runs once per candidate a choice scores, over what may be a
+        # large evicted region (a TreeLSTM's subtrees): its loop is kept lean,
+        # the visits counted in one report.
+        next_use = self.run.schedule.next_storage_use
         found: set[Storage] = set()
         stack = [s for s in storage.dependents if not s.resident and not s.banished]
+        visits = 0
         while stack:
             s = stack.pop()
-            self.read_metadata()
+            visits += 1
             if s in found:
                 continue
             found.add(s)
-            use = schedule.next_storage_use(s)
+            use = next_use(s)
             if use is not None and use < need:
                 need = use
                 if need - position < least:
+                    self.read_metadata(visits)
                     return need, False
             for t in s.dependents:
                 if not t.resident and not t.banished and t not in found:
                     stack.append(t)
+        self.read_metadata(visits)
         return need, True
 
     def choose(self, pool: Iterable[Storage], now: float) -> Optional[Storage]:
