@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test fuzz bench clean
+.PHONY: demo test test-oldest-jax fuzz bench notebooks clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -18,6 +18,22 @@ demo: $(STAMP)
 test: $(STAMP)
 	$(PY) -m pytest -n 2 tests
 
+# The oldest JAX that pyproject.toml accepts, in a venv of its own, on the
+# tests that exercise JAX's internals (CI runs this after `make test`).
+OLDEST_JAX := 0.6.0
+OLDEST := .venv-oldest-jax
+OLDEST_JAX_TESTS := tests/test_primitives.py tests/test_api.py tests/test_lowering.py tests/test_paths.py tests/test_runtime.py
+$(OLDEST)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(OLDEST)
+	$(OLDEST)/bin/python -m pip install --quiet --upgrade pip
+	$(OLDEST)/bin/python -m pip install --quiet "jax[cpu]==$(OLDEST_JAX)" "numpy>=1.24" "pytest>=8" "pytest-xdist>=3" "hypothesis>=6" "scipy>=1.11"
+	$(OLDEST)/bin/python -m pip install --quiet --no-deps -e .
+	touch $(OLDEST)/.installed
+
+test-oldest-jax: $(OLDEST)/.installed
+	$(OLDEST)/bin/python -c "import jax; assert jax.__version__ == '$(OLDEST_JAX)', jax.__version__"
+	$(OLDEST)/bin/python -m pytest -n 2 $(OLDEST_JAX_TESTS)
+
 # The property tests at length: FUZZ_EXAMPLES random programs per test (each
 # run under every heuristic); see docs/robustness.md.
 FUZZ_EXAMPLES ?= 2000
@@ -28,5 +44,9 @@ fuzz: $(STAMP)
 bench: $(STAMP)
 	$(PY) benchmarks/grad_benchmark.py --output docs/benchmarks.md
 
+# The notebooks executed in place, committed with their outputs (tests re-run them).
+notebooks: $(STAMP)
+	$(PY) notebooks/execute.py
+
 clean:
-	rm -rf $(VENV) .pytest_cache
+	rm -rf $(VENV) $(OLDEST) .pytest_cache

@@ -240,7 +240,7 @@ def test_cond_runs_only_the_taken_branch():
     for sign in (1.0, -1.0):
         x = sign * jnp.ones((4, 8))
         got = jdtr.grad(loss, budget=0.8)(w, x)
-        np.testing.assert_allclose(got, jax.grad(loss)(w, x), rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(got, jax.grad(loss)(w, x), rtol=1e-4, atol=1e-5)  # chunks fuse as XLA chooses: float32 rounding
 
 
 def test_switch_with_three_branches_and_literal_outputs():

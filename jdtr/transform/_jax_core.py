@@ -58,9 +58,16 @@ def open_jaxpr(jaxpr: "Jaxpr | ClosedJaxpr") -> tuple[Jaxpr, list[Any]]:
     return jaxpr, []
 
 
-def bind_params(eqn: JaxprEqn) -> dict[str, Any]:
-    """Parameters as `bind` takes them (as in `eval_jaxpr`)."""
-    return eqn.primitive.get_bind_params(eqn.params)
+def bind_params(eqn: JaxprEqn) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    """What `bind` takes besides the operands, as in `eval_jaxpr`: the leading
+    sub-functions (none for a plain primitive) and the parameters. JAX 0.8
+    and earlier return both from `get_bind_params`; later JAX, the
+    parameters alone."""
+    got = eqn.primitive.get_bind_params(eqn.params)
+    if isinstance(got, tuple):
+        subfuns, params = got
+        return tuple(subfuns), params
+    return (), got
 
 
 def is_literal(atom: Any) -> bool:

@@ -86,7 +86,7 @@ def primitive_executable(eqn: "_jax_core.JaxprEqn", inputs: Sequence[Any]) -> Ex
     or `Const`s (closed over, so no device array is made for them per call).
     """
     primitive = eqn.primitive
-    params = _jax_core.bind_params(eqn)
+    subfuns, params = _jax_core.bind_params(eqn)
     slots = tuple(None if not isinstance(a, Const) else a.value for a in inputs)
     is_const = tuple(isinstance(a, Const) for a in inputs)
     ctx = eqn.ctx
@@ -96,7 +96,7 @@ def primitive_executable(eqn: "_jax_core.JaxprEqn", inputs: Sequence[Any]) -> Ex
             it = iter(args)
             full = [slot if const else next(it) for slot, const in zip(slots, is_const)]
             with ctx.manager:
-                return primitive.bind(*full, **params)
+                return primitive.bind(*subfuns, *full, **params)
 
         return fn
 
@@ -105,6 +105,7 @@ def primitive_executable(eqn: "_jax_core.JaxprEqn", inputs: Sequence[Any]) -> Ex
             "prim",
             primitive,
             _hashable(tuple(sorted(params.items()))),
+            _hashable(subfuns),
             tuple(_const_key(a.value) if isinstance(a, Const) else (a.shape, a.dtype, a.weak_type) for a in inputs),
             _hashable(ctx),
         )
