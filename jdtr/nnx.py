@@ -91,7 +91,7 @@ def _make(f, argnums, has_aux, wrt, return_value, options):
 def value_and_grad(
     f: Callable,
     *,
-    budget: BudgetLike,
+    budget: BudgetLike = None,
     argnums: Union[int, Sequence[int]] = 0,
     has_aux: bool = False,
     wrt: Any = nnx.Param,
@@ -101,7 +101,8 @@ def value_and_grad(
 
     Args:
       f: a scalar loss over modules and arrays.
-      budget: as in `jdtr.grad` (bytes, a size string, or a fraction).
+      budget: as in `jdtr.grad` (bytes, a size string, or a fraction; None,
+        the default as there, means no constraint).
       argnums, has_aux: as in `flax.nnx.value_and_grad`.
       wrt: the filter of module state to differentiate (default `nnx.Param`).
       **options: other `jdtr.value_and_grad` options (heuristic, dealloc,
@@ -117,7 +118,7 @@ def value_and_grad(
 def grad(
     f: Callable,
     *,
-    budget: BudgetLike,
+    budget: BudgetLike = None,
     argnums: Union[int, Sequence[int]] = 0,
     has_aux: bool = False,
     wrt: Any = nnx.Param,

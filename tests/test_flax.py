@@ -88,6 +88,20 @@ def test_nnx_grad_with_aux_and_second_argument():
     leaves_close((grads_a, xgrad_a, aux_a), (grads_b, xgrad_b, aux_b))
 
 
+def test_nnx_grad_without_a_budget_is_unconstrained_as_jdtr_grad():
+    """The budget is optional in `jdtr.nnx` as in `jdtr.grad` (issue 23: the
+    defaults agree across the API): None runs without evicting anything."""
+    x, y = data(3)
+    ours, theirs = Net(nnx.Rngs(3)), Net(nnx.Rngs(3))
+    (loss_a, grads_a), stats = jdtr.nnx.value_and_grad(loss_fn, return_stats=True)(ours, x, y)
+    loss_b, grads_b = nnx.value_and_grad(loss_fn)(theirs, x, y)
+    np.testing.assert_allclose(loss_a, loss_b, rtol=1e-6)
+    leaves_close(grads_a, grads_b)
+    assert stats.budget_bytes is None or stats.budget_bytes >= stats.unconstrained_peak_bytes
+    assert stats.evictions == 0 and stats.rematerializations == 0
+    leaves_close(nnx.state(ours), nnx.state(theirs))
+
+
 def test_nnx_eval_mode_changes_nothing():
     x, y = data(2)
     model = Net(nnx.Rngs(2))
