@@ -15,6 +15,8 @@ caller's modules afterwards, as `flax.nnx` does. Gradients come back as an
 from __future__ import annotations
 
 import functools
+import threading
+from collections import OrderedDict
 from typing import Any, Callable, Sequence, Union
 
 from flax import nnx
@@ -24,17 +26,80 @@ from .transform import value_and_grad as _value_and_grad
 from .transform.arguments import argnums_tuple
 
 
+try:  # any graph node: a Module, `nnx.Rngs`, a Variable container (flax.nnx splits them all)
+    from flax.nnx.graph import is_graph_node as _is_graph_node
+except ImportError:  # pragma: no cover - depends on the Flax version
+    _is_graph_node = None
+
+
 def _is_module(x: Any) -> bool:
-    return nnx.is_graph_node(x) if hasattr(nnx, "is_graph_node") else isinstance(x, nnx.Module)
+    """Whether `x` is split and merged as `flax.nnx.grad` does, its mutated
+    state written back (an `nnx.Rngs` argument's counts, issue 23 item 1):
+    `flax.nnx` has no `is_graph_node` of its own, so testing it missed all but modules."""
+    return _is_graph_node(x) if _is_graph_node is not None else isinstance(x, nnx.Module)
+
+
+# Structures (argument count, graph definitions) kept per wrapper, least
+# recently used first out, as `jdtr.grad` keeps its traces.
+MAX_STRUCTURES = 64
 
 
 def _make(f, argnums, has_aux, wrt, return_value, options):
     argnum_tuple = argnums_tuple(argnums)
+    steps: OrderedDict = OrderedDict()
+    lock = threading.Lock()
+
+    def step_for(n: int, diff: frozenset, graphdefs: dict, kwargs: dict):
+        """`jdtr.value_and_grad` of the call on split state, for one structure.
+        One per structure, kept: jdtr's trace, plan and chunk caches live on
+        it, so a fresh one per call traced and planned every call."""
+
+        def pure(trainable, frozen):
+            rebuilt = []
+            for i in range(n):
+                if i in graphdefs:
+                    # copy: fresh Variables at this trace level, so the call may mutate them
+                    rebuilt.append(nnx.merge(graphdefs[i], trainable[i], frozen[i], copy=True))
+                else:
+                    rebuilt.append(trainable[i])
+            out = f(*rebuilt, **kwargs)
+            value, aux = out if has_aux else (out, None)
+            # What the call mutated (batch statistics, RNG counts) goes back out.
+            updates = {i: nnx.state(rebuilt[i], nnx.Not(wrt) if i in diff else ...) for i in graphdefs}
+            return value, (aux, updates)
+
+        def split_pure(trainable_diff, trainable_rest, frozen):
+            merged = [d if i in diff else r for i, (d, r) in enumerate(zip(trainable_diff, trainable_rest))]
+            return pure(merged, frozen)
+
+        return _value_and_grad(split_pure, argnums=0, has_aux=True, **options)
+
+    def cached_step(n: int, diff: frozenset, graphdefs: dict, kwargs: dict):
+        key = None
+        if not kwargs:  # keyword arguments are closed over as constants: such calls are not kept
+            key = (n, tuple(sorted(diff)), tuple(sorted(graphdefs.items())))
+            try:
+                hash(key)
+            except TypeError:  # a graph definition that cannot be hashed: not kept either
+                key = None
+        if key is None:
+            return step_for(n, diff, graphdefs, kwargs)
+        with lock:
+            step = steps.get(key)
+            if step is not None:
+                steps.move_to_end(key)
+                return step
+        step = step_for(n, diff, graphdefs, kwargs)
+        with lock:
+            step = steps.setdefault(key, step)
+            while len(steps) > MAX_STRUCTURES:
+                steps.popitem(last=False)
+        return step
 
     @functools.wraps(f)
     def wrapper(*args, **kwargs):
         n = len(args)
-        diff = {i % n for i in argnum_tuple if -n <= i < n}
+        diff = frozenset(i % n for i in argnum_tuple if -n <= i < n)
         if len(diff) != len(argnum_tuple):
             raise TypeError(f"argnums={argnums} is out of range for {n} positional arguments")
         modules, graphdefs, trainable, frozen = {}, {}, [], []
@@ -48,29 +113,10 @@ def _make(f, argnums, has_aux, wrt, return_value, options):
                 trainable.append(a)
                 frozen.append(None)
 
-        def pure(trainable, frozen):
-            rebuilt = []
-            for i in range(n):
-                if i in modules:
-                    # copy: fresh Variables at this trace level, so the call may mutate them
-                    rebuilt.append(nnx.merge(graphdefs[i], trainable[i], frozen[i], copy=True))
-                else:
-                    rebuilt.append(trainable[i])
-            out = f(*rebuilt, **kwargs)
-            value, aux = out if has_aux else (out, None)
-            # What the call mutated (batch statistics, RNG counts) goes back out.
-            updates = {i: nnx.state(rebuilt[i], nnx.Not(wrt) if i in diff else ...) for i in modules}
-            return value, (aux, updates)
-
         # Differentiate only the positions in argnums: the others ride along frozen.
         trainable_diff = [trainable[i] if i in diff else None for i in range(n)]
         trainable_rest = [None if i in diff else trainable[i] for i in range(n)]
-
-        def split_pure(trainable_diff, trainable_rest, frozen):
-            merged = [d if i in diff else r for i, (d, r) in enumerate(zip(trainable_diff, trainable_rest))]
-            return pure(merged, frozen)
-
-        out = _value_and_grad(split_pure, argnums=0, has_aux=True, **options)(trainable_diff, trainable_rest, frozen)
+        out = cached_step(n, diff, graphdefs, kwargs)(trainable_diff, trainable_rest, frozen)
         stats = None
         if options.get("return_stats"):
             out, stats = out
