@@ -329,7 +329,6 @@ class _ValueAndGrad:
         report.update(chunks=counters.computations, planning_time_s=0.0, execution="online")
         return outputs, report, recorder.trace() if recorder is not None else None
 
-
     def _verified(self, err: OutOfBudgetError, traced: Traced, owned: list) -> OutOfBudgetError:
         """`err`, from a run that decided as it went, with the least budget at
         which that run fits, verified in simulation, where it can be."""
