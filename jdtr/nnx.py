@@ -15,8 +15,6 @@ caller's modules afterwards, as `flax.nnx` does. Gradients come back as an
 from __future__ import annotations
 
 import functools
-import threading
-from collections import OrderedDict
 from typing import Any, Callable, Sequence, Union
 
 from flax import nnx
@@ -39,67 +37,36 @@ def _is_module(x: Any) -> bool:
     return _is_graph_node(x) if _is_graph_node is not None else isinstance(x, nnx.Module)
 
 
-# Structures (argument count, graph definitions) kept per wrapper, least
-# recently used first out, as `jdtr.grad` keeps its traces.
-MAX_STRUCTURES = 64
-
-
 def _make(f, argnums, has_aux, wrt, return_value, options):
     argnum_tuple = argnums_tuple(argnums)
-    steps: OrderedDict = OrderedDict()
-    lock = threading.Lock()
 
-    def step_for(n: int, diff: frozenset, graphdefs: dict, kwargs: dict):
-        """`jdtr.value_and_grad` of the call on split state, for one structure.
-        One per structure, kept: jdtr's trace, plan and chunk caches live on
-        it, so a fresh one per call traced and planned every call."""
+    def split_pure(trainable_diff, trainable_rest, frozen, structure, kwargs):
+        # `structure` (argument count, differentiated positions, graph
+        # definitions) and `kwargs` are arguments, not closed over: one traced
+        # function serves every call, and jdtr's trace cache keys its traces
+        # by them (a new function per call traced and planned every call).
+        n, diff, graphdefs = structure
+        graphdefs = dict(graphdefs)
+        rebuilt = []
+        for i in range(n):
+            trainable = trainable_diff[i] if i in diff else trainable_rest[i]
+            if i in graphdefs:
+                # copy: fresh Variables at this trace level, so the call may mutate them
+                rebuilt.append(nnx.merge(graphdefs[i], trainable, frozen[i], copy=True))
+            else:
+                rebuilt.append(trainable)
+        out = f(*rebuilt, **kwargs)
+        value, aux = out if has_aux else (out, None)
+        # What the call mutated (batch statistics, RNG counts) goes back out.
+        updates = {i: nnx.state(rebuilt[i], nnx.Not(wrt) if i in diff else ...) for i in graphdefs}
+        return value, (aux, updates)
 
-        def pure(trainable, frozen):
-            rebuilt = []
-            for i in range(n):
-                if i in graphdefs:
-                    # copy: fresh Variables at this trace level, so the call may mutate them
-                    rebuilt.append(nnx.merge(graphdefs[i], trainable[i], frozen[i], copy=True))
-                else:
-                    rebuilt.append(trainable[i])
-            out = f(*rebuilt, **kwargs)
-            value, aux = out if has_aux else (out, None)
-            # What the call mutated (batch statistics, RNG counts) goes back out.
-            updates = {i: nnx.state(rebuilt[i], nnx.Not(wrt) if i in diff else ...) for i in graphdefs}
-            return value, (aux, updates)
-
-        def split_pure(trainable_diff, trainable_rest, frozen):
-            merged = [d if i in diff else r for i, (d, r) in enumerate(zip(trainable_diff, trainable_rest))]
-            return pure(merged, frozen)
-
-        return _value_and_grad(split_pure, argnums=0, has_aux=True, **options)
-
-    def cached_step(n: int, diff: frozenset, graphdefs: dict, kwargs: dict):
-        key = None
-        if not kwargs:  # keyword arguments are closed over as constants: such calls are not kept
-            key = (n, tuple(sorted(diff)), tuple(sorted(graphdefs.items())))
-            try:
-                hash(key)
-            except TypeError:  # a graph definition that cannot be hashed: not kept either
-                key = None
-        if key is None:
-            return step_for(n, diff, graphdefs, kwargs)
-        with lock:
-            step = steps.get(key)
-            if step is not None:
-                steps.move_to_end(key)
-                return step
-        step = step_for(n, diff, graphdefs, kwargs)
-        with lock:
-            step = steps.setdefault(key, step)
-            while len(steps) > MAX_STRUCTURES:
-                steps.popitem(last=False)
-        return step
+    step = _value_and_grad(split_pure, argnums=0, has_aux=True, **options)
 
     @functools.wraps(f)
     def wrapper(*args, **kwargs):
         n = len(args)
-        diff = frozenset(i % n for i in argnum_tuple if -n <= i < n)
+        diff = {i % n for i in argnum_tuple if -n <= i < n}
         if len(diff) != len(argnum_tuple):
             raise TypeError(f"argnums={argnums} is out of range for {n} positional arguments")
         modules, graphdefs, trainable, frozen = {}, {}, [], []
@@ -116,7 +83,8 @@ def _make(f, argnums, has_aux, wrt, return_value, options):
         # Differentiate only the positions in argnums: the others ride along frozen.
         trainable_diff = [trainable[i] if i in diff else None for i in range(n)]
         trainable_rest = [None if i in diff else trainable[i] for i in range(n)]
-        out = cached_step(n, diff, graphdefs, kwargs)(trainable_diff, trainable_rest, frozen)
+        structure = (n, tuple(sorted(diff)), tuple(sorted(graphdefs.items())))
+        out = step(trainable_diff, trainable_rest, frozen, structure, kwargs)
         stats = None
         if options.get("return_stats"):
             out, stats = out

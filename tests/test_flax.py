@@ -151,6 +151,25 @@ def test_nnx_calls_reuse_the_trace_and_plan_of_their_structure():
     assert f(model, x, y)[1].cache_hit  # the first structure is still kept
 
 
+def test_nnx_keyword_arguments_are_inputs_of_the_kept_trace():
+    """Keyword arguments enter the trace as `jdtr.grad`'s do: arrays as
+    inputs (a new value reuses the trace, and is the one used), other
+    values static (a new one is another structure)."""
+
+    def scaled(model, x, y, *, scale, power):
+        return jnp.mean(jnp.abs(model(x) - y) ** power) * scale
+
+    x, y = data(7, n=256)
+    model, reference = Net(nnx.Rngs(7)), Net(nnx.Rngs(7))
+    reference.eval(), model.eval()  # no dropout draws: the two runs see the same model
+    f = jdtr.nnx.grad(scaled, budget=0.6, return_stats=True)
+    for scale, power, hit in ((jnp.float32(2.0), 2, False), (jnp.float32(3.0), 2, True), (jnp.float32(3.0), 3, False)):
+        grads, stats = f(model, x, y, scale=scale, power=power)
+        assert stats.cache_hit == hit
+        expected = nnx.grad(lambda m, x, y: scaled(m, x, y, scale=scale, power=power))(reference, x, y)  # (nnx.grad takes no keywords)
+        leaves_close(grads, expected, rtol=1e-4, atol=1e-6)
+
+
 def test_nnx_eval_mode_changes_nothing():
     x, y = data(2)
     model = Net(nnx.Rngs(2))
