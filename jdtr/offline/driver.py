@@ -137,7 +137,10 @@ def run_baseline(program: Program) -> Baseline:
     banishing each value at its last release."""
     counters = Counters()
     runtime = Runtime(NullBackend(), math.inf, dealloc="banish", observers=[counters])
-    replay(program, runtime)
+    try:
+        replay(program, runtime)
+    finally:
+        runtime.close()
     return Baseline(peak_bytes=counters.peak_bytes, cost=float(program.compute_cost))
 
 
@@ -185,6 +188,8 @@ def run(
         # Without its traceback: the frames it holds (the caller's among them,
         # through `f_back`) would keep the caller's arrays alive in a cycle.
         status, message, error = ("oom" if isinstance(err, OutOfBudgetError) else "thrash"), str(err), err.with_traceback(None)
+    finally:
+        runtime.close()
     overhead = None
     if status == "ok":
         overhead = runtime.clock / baseline.cost if baseline.cost > 0 else 1.0

@@ -100,6 +100,16 @@ class Schedule:
         entry[0] = i
         return uses[i] if i < n else math.inf
 
+    def known_storage_uses(self) -> dict[Storage, Optional[float]]:
+        """`next_storage_use`'s answers so far at this position, to read
+        without a call where a walk asks it of every storage it visits (a
+        storage missing here is asked of `next_storage_use`). Valid until
+        the position moves or a read is announced."""
+        if self._nearest_at != self.position:
+            self._nearest.clear()
+            self._nearest_at = self.position
+        return self._nearest
+
     def next_storage_use(self, storage: Storage) -> Optional[float]:
         """The earliest next use of a tensor of `storage` (None if none was announced)."""
         nearest = self._nearest

@@ -7,23 +7,27 @@ iteratively (no recursion limit on long chains of evictions).
 
 from __future__ import annotations
 
+from typing import Optional
+
 
 class CostSet:
-    """A union-find node; only a root's `cost` is meaningful."""
+    """A union-find node; only a root's `cost` is meaningful. A root has no
+    parent (not itself: a node pointing at itself is a reference cycle, left
+    to Python's cycle collector; a simulation makes thousands)."""
 
     __slots__ = ("parent", "rank", "cost")
 
     def __init__(self, cost: float = 0.0):
-        self.parent: CostSet = self
+        self.parent: Optional[CostSet] = None
         self.rank = 0
         self.cost = cost
 
 
 def find(node: CostSet) -> CostSet:
     root = node
-    while root.parent is not root:
+    while root.parent is not None:
         root = root.parent
-    while node.parent is not root:  # path compression
+    while node is not root and node.parent is not root:  # path compression
         node.parent, node = root, node.parent
     return root
 

@@ -83,7 +83,7 @@ def aval_nbytes(aval: Any) -> int:
     import numpy as np
 
     dtype = aval.dtype
-    if type(dtype) is np.dtype:  # the common case, asked of every value a trace makes
+    if isinstance(dtype, np.dtype):  # the common case, asked of every value a trace makes (extended dtypes are not)
         return math.prod(aval.shape) * dtype.itemsize
     if jax.dtypes.issubdtype(dtype, jax.dtypes.extended):
         from jax._src import core as _core

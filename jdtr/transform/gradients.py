@@ -319,6 +319,8 @@ class _ValueAndGrad:
             outputs = Interpreter(runtime, recorder=recorder).run(program, inputs, owned)
         except OutOfBudgetError as err:
             raise self._verified(err, traced, owned)
+        finally:
+            runtime.close()
         jax.block_until_ready(outputs)
         if measured is not None:  # later calls plan from what this run measured
             traced.measured(measured.cost_of)

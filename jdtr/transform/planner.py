@@ -157,6 +157,19 @@ class PlannedRun:
     log: Optional[Trace] = field(default=None, repr=False)
 
 
+class _Reads:
+    """Hands the simulation's reads to the backend of the run under way. (Not
+    a method of `_Simulation`: its workload keeps this, and a bound method
+    would make the two a reference cycle, whose lowered program only the
+    cycle collector could free.)"""
+
+    def __init__(self) -> None:
+        self.backend: Optional[RecordingBackend] = None
+
+    def __call__(self, buffer: Any) -> None:
+        self.backend.read(buffer)
+
+
 class _Simulation:
     """Simulates one program under budgets and heuristics, each run recorded:
     the program is lowered once (`lowering.lower`), and every candidate
@@ -176,8 +189,8 @@ class _Simulation:
             lowered = lower(program, owned, arguments=arguments)
         else:
             lowered, self.reads = lower_by_path(program, self.path, owned, arguments=arguments, guess=guess)
-        self._backend: Optional[RecordingBackend] = None
-        self.workload = simulation(program, returned=self.returned, lowered=lowered, on_read=self._read)
+        self._reads = _Reads()
+        self.workload = simulation(program, returned=self.returned, lowered=lowered, on_read=self._reads)
         self.reference: Optional[tuple[SimResult, StraightLine, Trace]] = None
         self.events: tuple = ()  # the residency events of the last `optimal` run that fit
 
@@ -191,7 +204,7 @@ class _Simulation:
     ) -> tuple[SimResult, Counters, Optional[StraightLine]]:
         if heuristic == OPTIMAL:
             return self.optimal(budget_bytes, remat_limit)
-        backend = self._backend = RecordingBackend()
+        backend = self._reads.backend = RecordingBackend()
         for value in self.program.inputs:
             backend.argument(value.nbytes)
         counters = Counters()
@@ -202,9 +215,6 @@ class _Simulation:
         result = run(play, budget_bytes, heuristic, self.dealloc, limit, [counters, *observers], backend=backend)
         line = backend.line(self.returned) if result.ok else None
         return result, counters, line
-
-    def _read(self, buffer: Any) -> None:
-        self._backend.read(buffer)
 
     def optimal(self, budget_bytes: int, remat_limit: Optional[float] = None) -> tuple[SimResult, Counters, Optional[StraightLine]]:
         """`jdtr.optimal`'s schedule as a run: solved on the program's operator

@@ -9,6 +9,8 @@ from ..graph import Storage
 from .base import ratio
 from .dtr import DTREqClass
 
+_UNASKED = object()  # a storage whose next use the schedule has not been asked this position
+
 
 class Lookahead(DTREqClass):
     """Beyond the paper: h_DTR^eq with the time to the next use in place of staleness.
@@ -78,7 +80,8 @@ class Lookahead(DTREqClass):
         # The walk runs once per candidate a choice scores, over what may be a
         # large evicted region (a TreeLSTM's subtrees): its loop is kept lean,
         # the visits counted in one report.
-        next_use = self.run.schedule.next_storage_use
+        schedule = self.run.schedule
+        next_use, known = schedule.next_storage_use, schedule.known_storage_uses()
         found: set[Storage] = set()
         stack = [s for s in storage.dependents if not s.resident and not s.banished]
         visits = 0
@@ -88,7 +91,9 @@ class Lookahead(DTREqClass):
             if s in found:
                 continue
             found.add(s)
-            use = next_use(s)
+            use = known.get(s, _UNASKED)
+            if use is _UNASKED:
+                use = next_use(s)
             if use is not None and use < need:
                 need = use
                 if need - position < least:
