@@ -114,12 +114,37 @@ def test_a_budget_no_plan_fits_raises_instead_of_exceeding():
     parameters and their gradients), `plan` and `remat_grad` raise a clean
     OutOfBudgetError naming the need, rather than return an oversized step."""
     m = model("mlp")
-    with pytest.raises(jdtr.OutOfBudgetError, match="the compiled step") as info:
+    with pytest.raises(jdtr.OutOfBudgetError, match="arguments and gradients alone take") as info:
         jdtr.plan(m.loss, m.params, m.batch, budget=0.05)
     err = info.value
     assert err.pinned_bytes > err.budget_bytes  # arguments + gradients alone exceed it
+    leaves = jax.tree_util.tree_leaves((m.params, m.batch))
+    assert err.pinned_bytes >= sum(x.nbytes for x in leaves)
     with pytest.raises(jdtr.OutOfBudgetError):
         jax.jit(jdtr.remat_grad(m.loss, budget=0.05))(m.params, m.batch)
+
+
+@pytest.mark.parametrize("budget", [1.0, "4MiB"])
+def test_a_budget_jax_grad_fits_never_raises(budget):
+    """`jax.jit(jax.grad)` itself is a plan within any budget of at least its
+    compiled bytes (1.0 means them exactly): it is the plan, whatever
+    recomputation would cost around it (a 2-layer MLP, where every
+    checkpointed plan compiles to more than no remat)."""
+    keys = jax.random.split(jax.random.PRNGKey(0), 3)
+    params = {"w1": jax.random.normal(keys[0], (32, 32)), "w2": jax.random.normal(keys[1], (32, 32))}
+    x = jax.random.normal(keys[2], (64, 32))
+
+    def loss(p, x):
+        return jnp.sum(jnp.tanh(jnp.tanh(x @ p["w1"]) @ p["w2"]) ** 2)
+
+    plan = jdtr.plan(loss, params, x, budget=budget)
+    expected = jax.jit(jax.grad(loss)).lower(params, x).compile().memory_analysis()
+    unconstrained = expected.argument_size_in_bytes + expected.output_size_in_bytes + expected.temp_size_in_bytes - expected.alias_size_in_bytes
+    assert plan.origin == "none" and plan.segments == () and "no remat" in plan.report()
+    assert plan.compiled_bytes == unconstrained <= plan.budget_bytes
+    analysis = jax.jit(plan.grad).lower(params, x).compile().memory_analysis()
+    assert analysis.argument_size_in_bytes + analysis.output_size_in_bytes + analysis.temp_size_in_bytes - analysis.alias_size_in_bytes <= plan.budget_bytes
+    assert_trees_close(jax.jit(jdtr.remat_grad(loss, budget=budget))(params, x), jax.jit(jax.grad(loss))(params, x), rtol=1e-4, atol=1e-5)
 
 
 def test_compiled_bytes_are_xla_numbers_for_what_the_user_compiles():
@@ -351,6 +376,17 @@ SHARDED = textwrap.dedent(
     for a, b in zip(got, ref):
         np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-4, atol=1e-6)
     print("sharded ok", len(got))
+    # Eager calls on arrays committed to another device than the default:
+    # the autotuned candidates are compiled for it and timed there.
+    device = jax.devices()[3]
+    p3, x3 = jax.device_put(m.params, device), jax.device_put(m.batch, device)
+    plan = jdtr.plan(m.loss, p3, x3, budget=0.5)
+    assert plan.timings and plan.compiled_bytes <= plan.budget_bytes * 1.1, plan.report()
+    got = jdtr.remat_grad(m.loss, budget=0.5)(p3, x3)
+    assert all(g.devices() == {device} for g in got)
+    for a, b in zip(got, jax.jit(jax.grad(m.loss))(p3, x3)):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-4, atol=1e-6)
+    print("device ok")
     """
 )
 
@@ -359,7 +395,7 @@ def test_data_parallel_sharded_step_on_8_cpu_devices():
     env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=8", JAX_PLATFORMS="cpu")
     result = subprocess.run([sys.executable, "-c", SHARDED], env=env, capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stderr[-3000:]
-    assert "sharded ok 16" in result.stdout
+    assert "sharded ok 16" in result.stdout and "device ok" in result.stdout
 
 
 def test_device_peak_script_refuses_a_backend_without_allocator_stats():

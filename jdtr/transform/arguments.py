@@ -192,7 +192,13 @@ def flatten_arguments(
         abstract = None if eager else _abstract_spec(leaf)
         leaves.append(leaf)
         flags.append(differentiated)
-        specs.append(abstract if abstract is not None else leaf_spec(leaf, differentiated, where))
+        spec = abstract if abstract is not None else leaf_spec(leaf, differentiated, where)
+        if not eager and abstract is None and _jax_core.is_array(leaf) and getattr(leaf, "committed", False):
+            # Planning compiles and times steps on the call's own arrays: for
+            # arrays committed to a device (or sharded), the steps must be
+            # compiled for their placement, which is part of the cache key.
+            spec = jax.ShapeDtypeStruct(leaf.shape, leaf.dtype, weak_type=spec.weak_type, sharding=leaf.sharding)
+        specs.append(spec)
         if eager:
             device = _check_device(leaf, where, device)
     return leaves, Arguments(treedef, tuple(specs), tuple(flags))

@@ -112,8 +112,12 @@ def run_segments(program: Program, segments: Sequence[Segment], leaves: Sequence
     env = dict(zip(program.inputs, leaves))
     consts = dict(program.consts)
     env.update(consts)
+    done = 0  # equations outside every segment run as they are (all of them in a plan without remat)
     for seg in segments:
+        _run_items(program.body[done : seg.start], env)
         _run_segment(program, seg, env, consts, implementation)
+        done = seg.stop
+    _run_items(program.body[done:], env)
     return [env[a] if isinstance(a, Value) else jnp.asarray(a.value) for a in program.outputs]
 
 

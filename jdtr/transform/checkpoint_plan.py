@@ -35,7 +35,8 @@ class Plan:
       origin: "dtr" where the segments are read from `simulated`; "uniform"
         for the autotuning candidate of evenly spaced segments that save
         nothing inside (Chen et al.'s sqrt(N) checkpointing; `simulated`
-        is then DTR's run at the budget, for comparison).
+        is then DTR's run at the budget, for comparison); "none" where
+        `jax.grad`'s own step fits the budget: no segments, nothing recomputed.
     """
 
     budget_bytes: int
@@ -85,7 +86,9 @@ class Plan:
             f"(unconstrained {format_bytes(self.simulated.unconstrained_peak_bytes)}), "
             f"simulated overhead {self.simulated.overhead:.3f}x"
         )
-        if self.origin == "uniform":
+        if self.origin == "none":
+            head = f"no remat: `jax.grad`'s own step fits the budget ({simulation})"
+        elif self.origin == "uniform":
             head = f"{len(self.segments)} uniform segments saving nothing inside (DTR at this budget: {simulation})"
         else:
             head = f"{len(self.segments)} segments, {simulation}"

@@ -38,7 +38,7 @@ import jax
 
 from ..budget import BudgetLike, parse_budget
 from ..offline import run
-from ..runtime import Heuristic, Observer, OutOfBudgetError, get_heuristic
+from ..runtime import Heuristic, Observer, OutOfBudgetError, format_bytes, get_heuristic
 from .arguments import Arguments, argnums_tuple, concrete_leaves, flatten_arguments
 from .autotune import Timing, can_autotune, example_inputs, median_step_seconds
 from .checkpoint import named_forward, run_segments
@@ -272,6 +272,9 @@ def make_plan(
     forward, unconstrained = planning.forward, planning.unconstrained
     target = budget_spec.resolve(unconstrained)
     sim_peak = planning.vg.unconstrained_peak()
+    if unconstrained <= target:
+        # `jax.grad` itself fits: nothing to recompute, and no plan is faster.
+        return _without_remat(planning, target, sim_peak, heuristic)
     best = chosen = None
     effective_target = float(target)
     tried: set = set()
@@ -306,6 +309,8 @@ def make_plan(
     if chosen is None:
         # No plan fits: say so rather than hand back a step over the budget.
         fixed = fixed_bytes(forward, planning.gradient_bytes)
+        if fixed >= target:
+            raise _arguments_exceed(fixed, int(target), unconstrained)
         needed = unconstrained if best is None else best.compiled_bytes
         source = "the smallest checkpoint plan found" if best is not None else None
         if implementation == "checkpoint" and jax.default_backend() == "cpu":
@@ -368,6 +373,39 @@ def make_plan(
         for i, ((plan, _), s) in enumerate(zip(fitting, seconds))
     )
     return dataclasses.replace(fitting[fastest][0], timings=timings)
+
+
+def _without_remat(planning: Planning, target: float, sim_peak: int, heuristic) -> Plan:
+    """The plan that recomputes nothing: `jax.grad`'s own step (no segments)."""
+    simulated = run(planning.workload, max(sim_peak, 1), heuristic)
+    return Plan(
+        int(target),
+        (),
+        frozenset(planning.residuals),
+        simulated,
+        planning.forward,
+        planning.config,
+        compiled_bytes=planning.unconstrained,
+        unconstrained_compiled_bytes=planning.unconstrained,
+        predicted_bytes=planning.unconstrained,
+        origin="none",
+    )
+
+
+def _arguments_exceed(fixed: int, target: int, unconstrained: int) -> OutOfBudgetError:
+    """The error for a budget that the step's arguments and gradients alone
+    exceed: no recomputation can help, and the message says so in those terms."""
+    error = OutOfBudgetError(
+        needed_bytes=fixed, free_bytes=0, pinned_bytes=fixed, locked_bytes=0, budget_bytes=target,
+        op_name="the compiled step's arguments and gradients",
+    )
+    error.args = (
+        f"the step's arguments and gradients alone take {format_bytes(fixed)} ({fixed} bytes), more than "
+        f"the budget of {format_bytes(target)} ({target} bytes): no plan can fit, since recomputation "
+        f"only frees intermediate values. (A budget counts the whole compiled step, arguments, outputs "
+        f"and temporaries; `jax.grad` without remat compiles to {format_bytes(unconstrained)}.)",
+    )
+    return error
 
 
 def _search_simulated_budget(
