@@ -1,4 +1,5 @@
-"""Flax NNX front end: `jdtr.nnx.grad` / `value_and_grad` mirror `flax.nnx`'s.
+"""Flax NNX front end: `jdtr.nnx.grad` / `value_and_grad` mirror `flax.nnx`'s,
+and `remat_grad` / `remat_value_and_grad` are the compiled path's (`jdtr.remat_grad`).
 
 Modules among the arguments are split into the state differentiated
 (`wrt`, `nnx.Param` by default) and the rest; the function runs on the
@@ -10,6 +11,15 @@ caller's modules afterwards, as `flax.nnx` does. Gradients come back as an
     grad_fn = jdtr.nnx.value_and_grad(loss_fn, budget=0.4)
     loss, grads = grad_fn(model, batch)
     optimizer.update(model, grads)
+
+Under `nnx.jit`, the compiled path plans once per shape and compiles into
+the step:
+
+    @nnx.jit
+    def train_step(model, optimizer, batch):
+        loss, grads = jdtr.nnx.remat_value_and_grad(loss_fn, budget=0.5)(model, batch)
+        optimizer.update(model, grads)
+        return loss
 """
 
 from __future__ import annotations
@@ -20,6 +30,7 @@ from typing import Any, Callable, Sequence, Union
 from flax import nnx
 
 from .budget import BudgetLike
+from .transform import remat_value_and_grad as _remat_value_and_grad
 from .transform import value_and_grad as _value_and_grad
 from .transform.arguments import argnums_tuple
 
@@ -37,7 +48,9 @@ def _is_module(x: Any) -> bool:
     return _is_graph_node(x) if _is_graph_node is not None else isinstance(x, nnx.Module)
 
 
-def _make(f, argnums, has_aux, wrt, return_value, options):
+def _make(f, argnums, has_aux, wrt, return_value, options, engine=_value_and_grad):
+    """The wrapper of `f` over modules; `engine` (`jdtr.value_and_grad` or
+    `jdtr.remat_value_and_grad`) differentiates its pure, split form."""
     argnum_tuple = argnums_tuple(argnums)
 
     def split_pure(trainable_diff, trainable_rest, frozen, structure, kwargs):
@@ -61,7 +74,7 @@ def _make(f, argnums, has_aux, wrt, return_value, options):
         updates = {i: nnx.state(rebuilt[i], nnx.Not(wrt) if i in diff else ...) for i in graphdefs}
         return value, (aux, updates)
 
-    step = _value_and_grad(split_pure, argnums=0, has_aux=True, **options)
+    step = engine(split_pure, argnums=0, has_aux=True, **options)
 
     @functools.wraps(f)
     def wrapper(*args, **kwargs):
@@ -140,3 +153,43 @@ def grad(
 ) -> Callable:
     """`flax.nnx.grad` under a device-memory budget; see `value_and_grad`."""
     return _make(f, argnums, has_aux, wrt, False, dict(budget=budget, **options))
+
+
+def remat_value_and_grad(
+    f: Callable,
+    *,
+    budget: BudgetLike,
+    argnums: Union[int, Sequence[int]] = 0,
+    has_aux: bool = False,
+    wrt: Any = nnx.Param,
+    **options,
+) -> Callable:
+    """`flax.nnx.value_and_grad` with DTR's decisions compiled in as checkpoint
+    segments (`jdtr.remat_value_and_grad`): usable under `nnx.jit` and
+    `jax.jit`, planned once per argument structure.
+
+    Args:
+      f: a scalar loss over modules and arrays.
+      budget: bytes, a size string, or a fraction of `jax.grad`'s compiled bytes.
+      argnums, has_aux, wrt: as in `value_and_grad`.
+      **options: other `jdtr.remat_value_and_grad` options (heuristic,
+        implementation, autotune).
+
+    Returns:
+      `(loss, grads)` (or `((loss, aux), grads)`), with `grads` an `nnx.State`
+      for each module argument; mutated module state is written back.
+    """
+    return _make(f, argnums, has_aux, wrt, True, dict(budget=budget, **options), engine=_remat_value_and_grad)
+
+
+def remat_grad(
+    f: Callable,
+    *,
+    budget: BudgetLike,
+    argnums: Union[int, Sequence[int]] = 0,
+    has_aux: bool = False,
+    wrt: Any = nnx.Param,
+    **options,
+) -> Callable:
+    """`flax.nnx.grad` with DTR's decisions compiled in; see `remat_value_and_grad`."""
+    return _make(f, argnums, has_aux, wrt, False, dict(budget=budget, **options), engine=_remat_value_and_grad)

@@ -90,7 +90,18 @@ def test_higher_order_matches_jax_grad(capsys):
     assert "2 unrolled inner steps" in last
 
 
-@pytest.mark.parametrize("name", ["train_mlp", "train_cnn_digits", "train_transformer", "treelstm", "higher_order"])
+def test_nnx_jit_example_trains_with_the_compiled_path_within_the_budget(capsys):
+    argv = ["--steps", "4", "--layers", "16", "--width", "64", "--batch", "2048", "--budget", "0.6"]
+    loss = load("train_nnx_jit").main(argv)
+    last = capsys.readouterr().out.strip().splitlines()[-1]
+    assert math.isfinite(loss) and f"final loss {loss:.4f}" in last
+    assert number(r", (\d\.\d+) of the budget", last) <= 1.10  # jdtr.plan's slack over XLA's buffer assignment
+    assert number(r"max \|jdtr - nnx\.grad\| = (\S+);", last) <= 1e-6
+    planned, plain = number(r"step (\d+\.\d+) MiB", last), number(r"jax\.grad (\d+\.\d+) MiB", last)
+    assert planned < 0.7 * plain
+
+
+@pytest.mark.parametrize("name", ["train_mlp", "train_cnn_digits", "train_transformer", "treelstm", "higher_order", "train_nnx_jit"])
 def test_help(name, capsys):
     with pytest.raises(SystemExit) as info:
         load(name).main(["--help"])
