@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -347,6 +348,49 @@ def test_protected_segments_survive_xla_cse_on_cpu():
     # budget and says why instead of returning an oversized step.
     with pytest.raises(jdtr.OutOfBudgetError, match="removes checkpoint barriers"):
         plan_of("mlp", 0.5, "checkpoint")
+
+
+def test_convolution_segments_are_gated_without_a_cond_and_keep_their_saving():
+    """XLA on the CPU runs a convolution's gradient inside a `lax.cond` about
+    20x slower (issue 22): segments that recompute a convolution are gated by
+    a taint instead (`checkpoint.GATES`), so the compiled step holds no
+    conditional, and CSE still cannot merge the recomputation away (the
+    saving is kept, unlike plain checkpoints), with `jax.grad`'s gradients.
+    The planner keeps a plan within the budget, gated either way."""
+    m = jdtr.models.flax_resnet_groupnorm(blocks=2, channels=8, image=16, batch=8)
+    plan = jdtr.plan(m.loss, m.params, m.batch, budget=0.7, autotune=False)
+    assert plan.gate in ("auto", "cond") and plan.compiled_bytes <= plan.budget_bytes * (1 + SLACK), plan.report()
+    reference = jax.jit(jax.grad(m.loss))(m.params, m.batch)
+
+    def compiled(p):
+        return jax.jit(p.grad).lower(m.params, m.batch).compile()
+
+    def total(c):
+        a = c.memory_analysis()
+        return a.argument_size_in_bytes + a.output_size_in_bytes + a.temp_size_in_bytes - a.alias_size_in_bytes
+
+    def convolutions_in_branches(c):
+        """Convolutions in the computations a conditional branches to (and those they call)."""
+        text = c.as_text()
+        bodies = dict(re.findall(r"^(?:ENTRY )?%?([\w.\-]+) [^\n]*\{\n(.*?)^\}", text, re.S | re.M))
+        pending = [n for group in re.findall(r"branch_computations=\{([^}]*)\}", text) for n in re.findall(r"%?([\w.\-]+)", group)]
+        seen, count = set(), 0
+        while pending:
+            name = pending.pop()
+            if name in seen or name not in bodies:
+                continue
+            seen.add(name)
+            count += bodies[name].count("convolution(")
+            pending += re.findall(r"(?:calls|to_apply|body|condition|branch_computations=\{)=?%?([\w.\-]+)", bodies[name])
+        return count
+
+    tainted, conds = dataclasses.replace(plan, gate="auto"), dataclasses.replace(plan, gate="cond")
+    assert "convolution(" in compiled(tainted).as_text() and convolutions_in_branches(compiled(tainted)) == 0
+    assert convolutions_in_branches(compiled(conds)) > 0
+    plain = total(compiled(as_implementation(plan, "checkpoint")))  # barriers stripped: nothing recomputed
+    assert total(compiled(tainted)) < 0.95 * plain  # (a small net: the saving is a few activations)
+    for p in (tainted, conds):
+        assert_trees_close(jax.jit(p.grad)(m.params, m.batch), reference, rtol=1e-4, atol=1e-6)
 
 
 def test_bad_arguments():

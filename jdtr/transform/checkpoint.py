@@ -3,9 +3,26 @@
 XLA on the CPU removes `jax.checkpoint`'s optimisation barriers (its
 `cse_barrier_expander` pass), after which CSE merges the recomputation back
 into the forward pass and nothing is saved. Segments are therefore wrapped,
-by default on the CPU, in a `custom_vjp` whose backward runs the segment's
-recomputation inside a `lax.cond` on a data-dependent predicate: CSE cannot
-reach into a conditional's branch, so the plan survives any compiler flags.
+by default on the CPU, in a `custom_vjp` whose backward pass depends on a
+predicate XLA cannot decide at compile time (from a cotangent's bits), in
+one of two ways (the *gate*):
+
+* "cond": the recomputation runs inside a `lax.cond` on it; CSE cannot
+  reach into a conditional's branch.
+* "select": every recomputed operation reads a *taint*, a float zero the
+  segment takes as an input, added to its smallest float operand (for a
+  convolution, its kernel). The backward pass replaces the taint among the
+  residuals by `where(predicate, taint, 1)`: still zero, but XLA cannot
+  tell, so no recomputed operation has the same operands as its forward
+  twin. A nested segment takes its parent's taint as its own, so that the
+  parent's recomputation of it differs from the forward pass too.
+
+XLA on the CPU runs a convolution's gradient inside a `lax.cond` about 20x
+slower than outside one (issue 22: an 8-block ResNet took 31x
+`jax.jit(jax.grad)`'s step under a cond; about 1.0x with the taint). The
+taint costs a scalar add per operation, fused into it or into its operand's
+producer. A segment that recomputes a convolution is gated by "select", any
+other by "cond" (which cost nothing where no convolution suffers).
 """
 
 from __future__ import annotations
@@ -22,11 +39,22 @@ from .program import Equation, Program, Value
 from .segments import NAME_PREFIX, SavePolicy, Segment, is_float
 
 
-def _run_items(items: Sequence, env: dict, names: Optional[set] = None) -> None:
-    """Evaluates program items on traced values; names the outputs in `names`."""
+def _run_items(items: Sequence, env: dict, names: Optional[set] = None, taint: Any = None) -> None:
+    """Evaluates program items on traced values; names the outputs in `names`.
+
+    With a `taint` (the "select" gate), an equation that reads no value the
+    backward pass recomputes (only the segment's inputs and the values it
+    saves, `names`) gets it added to its smallest float operand; the others
+    read a recomputed value already, which differs from its forward twin."""
+    recomputed: set = set()
     for item in items:
         if isinstance(item, Equation):
-            outs = item.trace(*[env[v] for v in item.args])
+            args = [env[v] for v in item.args]
+            if taint is not None:
+                if not any(v in recomputed for v in item.args):
+                    _add_taint(args, taint)
+                recomputed.update(v for v in item.outputs if names is None or v not in names)
+            outs = item.trace(*args)
             for v, out in zip(item.outputs, outs):
                 if names is not None and v in names:
                     out = checkpoint_name(out, NAME_PREFIX + str(v.id))
@@ -38,6 +66,13 @@ def _run_items(items: Sequence, env: dict, names: Optional[set] = None) -> None:
             outs = lax.switch(jnp.clip(env_index, 0, len(branches) - 1), branches, *operands)
             for v, out in zip(item.outputs, outs):
                 env[v] = out
+
+
+def _add_taint(args: list, taint: Any) -> None:
+    floats = [i for i, a in enumerate(args) if jnp.issubdtype(a.dtype, jnp.inexact)]
+    if floats:
+        i = min(floats, key=lambda i: args[i].size)
+        args[i] = args[i] + taint.astype(args[i].dtype)
 
 
 def _run_branch(branch: Program, *operands):
@@ -63,14 +98,87 @@ def named_forward(program: Program):
 
 
 
-def _protected_checkpoint(fn: Callable, policy: SavePolicy, differentiable: Sequence[bool]) -> Callable:
+GATES = ("auto", "cond")  # "auto": "select" for segments that recompute a convolution, else "cond"
+
+
+def protects(implementation: str) -> bool:
+    """Whether `implementation` runs protected segments on this backend."""
+    return implementation == "protected" or (implementation == "auto" and jax.default_backend() == "cpu")
+
+
+def gates_differ(program: Program, segments: Sequence[Segment], implementation: str) -> bool:
+    """Whether the gates "auto" and "cond" make different steps of these segments."""
+    return protects(implementation) and any(_recomputes_a_convolution(program, seg) for seg in segments)
+
+
+def run_segments(program: Program, segments: Sequence[Segment], leaves: Sequence[Any], implementation: str, gate: str = "auto"):
+    """Evaluates the forward program segment by segment, each in its own
+    checkpoint (protected ones gated by `gate`, one of `GATES`)."""
+    implementation = "protected" if protects(implementation) else "checkpoint"
+    env = dict(zip(program.inputs, leaves))
+    consts = dict(program.consts)
+    env.update(consts)
+    done = 0  # equations outside every segment run as they are (all of them in a plan without remat)
+    for seg in segments:
+        _run_items(program.body[done : seg.start], env)
+        _run_segment(program, seg, env, consts, implementation, gate)
+        done = seg.stop
+    _run_items(program.body[done:], env)
+    return [env[a] if isinstance(a, Value) else jnp.asarray(a.value) for a in program.outputs]
+
+
+def _run_segment(
+    program: Program, seg: Segment, env: dict, consts: dict, implementation: str, gate: str, taint: Any = None
+) -> None:
+    """Runs `seg` in its own checkpoint (its children nested inside); adds its outputs to `env`.
+
+    Every input is an explicit argument: a nested segment's backward pass is
+    traced after its parent's trace has ended, so it must not close over the
+    parent's values (only over the program's constants). So is the taint of
+    a segment gated by "select", which its children take from it."""
+    inputs = [v for v in seg.inputs if v not in consts]
+    selected = implementation == "protected" and (
+        taint is not None or (gate == "auto" and _recomputes_a_convolution(program, seg))
+    )
+
+    def body(*xs):
+        own, xs = (xs[0], xs[1:]) if selected else (None, xs)
+        local = {**consts, **dict(zip(inputs, xs))}
+        if seg.children:
+            for child in seg.children:
+                _run_segment(program, child, local, consts, implementation, gate, own)
+        else:
+            _run_items(program.body[seg.start : seg.stop], local, set(seg.saved), own)
+        return [local[v] for v in seg.outputs]
+
+    args = [env[v] for v in inputs]
+    floats = [is_float(v) for v in inputs]
+    if selected:
+        args, floats = [jnp.zeros((), jnp.float32) if taint is None else taint, *args], [True, *floats]
+    if implementation == "protected":
+        wrapped = _protected_checkpoint(body, seg.policy, floats, "select" if selected else "cond")
+    else:
+        wrapped = jax.checkpoint(body, policy=seg.policy, prevent_cse=True)
+    outs = wrapped(*args)
+    env.update(zip(seg.outputs, outs))
+
+
+def _recomputes_a_convolution(program: Program, seg: Segment) -> bool:
+    """Whether `seg` (its nested segments included) holds a convolution."""
+    return any(
+        isinstance(item, Equation) and item.name == "conv_general_dilated" for item in program.body[seg.start : seg.stop]
+    )
+
+
+def _protected_checkpoint(fn: Callable, policy: SavePolicy, differentiable: Sequence[bool], gate: str = "cond") -> Callable:
     """`jax.checkpoint(fn, policy)` whose backward recomputation XLA cannot merge away.
 
-    The backward pass runs inside `lax.cond` on a predicate XLA cannot decide
-    at compile time (the bits of a cotangent element, or-ed with 1, are never
-    zero): CSE works within one computation and cannot reach into a branch.
-    `differentiable` marks the float inputs; the others (integers, keys) are
-    carried as residuals and get no cotangent.
+    The backward pass depends on a predicate XLA cannot decide at compile
+    time (the bits of a cotangent element, or-ed with 1, are never zero),
+    by `gate` (the module's docstring): "cond" runs the recomputation in a
+    `lax.cond` on it; "select" replaces the taint, `fn`'s first input, by a
+    select on it. `differentiable` marks the float inputs; the others
+    (integers, keys) are carried as residuals and get no cotangent.
     """
     checkpointed = jax.checkpoint(fn, policy=policy, prevent_cse=True)
 
@@ -82,65 +190,41 @@ def _protected_checkpoint(fn: Callable, policy: SavePolicy, differentiable: Sequ
     def segment(*xs):
         return checkpointed(*xs)
 
+    taint_at: list[Optional[int]] = [None]  # "select": where the taint is among the residuals
+
     def forward(*xs):
         floats = [x for x, d in zip(xs, differentiable) if d]
         others = [x for x, d in zip(xs, differentiable) if not d]
         out, vjp_fn = jax.vjp(lambda *f: checkpointed(*merge(f, others)), *floats)
+        if gate == "select":  # the taint is the first input
+            found = [i for i, r in enumerate(jax.tree_util.tree_leaves(vjp_fn)) if r is xs[0]]
+            taint_at[0] = found[0] if len(found) == 1 else None
         return out, (vjp_fn, others)
 
     def backward(residuals, cotangents):
         vjp_fn, _ = residuals
         leaves = [x for x in jax.tree_util.tree_leaves(cotangents) if jnp.issubdtype(x.dtype, jnp.inexact)]
         zeros = lambda f, g: jax.tree_util.tree_map(jnp.zeros_like, jax.eval_shape(f, g))  # noqa: E731
-        if leaves:
+        if not leaves:  # no float output: nothing flows back
+            grads = zeros(vjp_fn, cotangents)
+        else:
             leaf = jnp.ravel(leaves[0])[0]
             bits = lax.bitcast_convert_type(leaf.astype(jnp.float32), jnp.int32)
-            run = lambda f, g: f(g)  # noqa: E731
-            grads = lax.cond((bits | 1) != 0, run, zeros, vjp_fn, cotangents)
-        else:  # no float output: nothing flows back
-            grads = zeros(vjp_fn, cotangents)
+            undecided = (bits | 1) != 0  # always true; XLA cannot tell
+            if gate == "select":
+                # `vjp_fn` is a pytree whose leaves are the residuals: the
+                # taint among them becomes a zero XLA cannot see. (Were it not
+                # found, every float residual is selected: copies, but safe.)
+                residuals, tree = jax.tree_util.tree_flatten(vjp_fn)
+                at = taint_at[0]
+                for i, r in enumerate(residuals):
+                    if i == at or (at is None and jnp.issubdtype(r.dtype, jnp.inexact)):
+                        residuals[i] = jnp.where(undecided, r, jnp.ones_like(r) if i == at else jnp.zeros_like(r))
+                grads = jax.tree_util.tree_unflatten(tree, residuals)(cotangents)
+            else:
+                run = lambda f, g: f(g)  # noqa: E731
+                grads = lax.cond(undecided, run, zeros, vjp_fn, cotangents)
         return tuple(merge(grads, [None] * (len(differentiable) - len(grads))))
 
     segment.defvjp(forward, backward)
     return segment
-
-
-def run_segments(program: Program, segments: Sequence[Segment], leaves: Sequence[Any], implementation: str):
-    """Evaluates the forward program segment by segment, each in its own checkpoint."""
-    if implementation == "auto":
-        implementation = "protected" if jax.default_backend() == "cpu" else "checkpoint"
-    env = dict(zip(program.inputs, leaves))
-    consts = dict(program.consts)
-    env.update(consts)
-    done = 0  # equations outside every segment run as they are (all of them in a plan without remat)
-    for seg in segments:
-        _run_items(program.body[done : seg.start], env)
-        _run_segment(program, seg, env, consts, implementation)
-        done = seg.stop
-    _run_items(program.body[done:], env)
-    return [env[a] if isinstance(a, Value) else jnp.asarray(a.value) for a in program.outputs]
-
-
-def _run_segment(program: Program, seg: Segment, env: dict, consts: dict, implementation: str) -> None:
-    """Runs `seg` in its own checkpoint (its children nested inside); adds its outputs to `env`.
-
-    Every input is an explicit argument: a nested segment's backward pass is
-    traced after its parent's trace has ended, so it must not close over the
-    parent's values (only over the program's constants)."""
-    inputs = [v for v in seg.inputs if v not in consts]
-
-    def body(*xs):
-        local = {**consts, **dict(zip(inputs, xs))}
-        if seg.children:
-            for child in seg.children:
-                _run_segment(program, child, local, consts, implementation)
-        else:
-            _run_items(program.body[seg.start : seg.stop], local, set(seg.saved))
-        return [local[v] for v in seg.outputs]
-
-    if implementation == "protected":
-        wrapped = _protected_checkpoint(body, seg.policy, [is_float(v) for v in inputs])
-    else:
-        wrapped = jax.checkpoint(body, policy=seg.policy, prevent_cse=True)
-    outs = wrapped(*[env[v] for v in inputs])
-    env.update(zip(seg.outputs, outs))

@@ -37,6 +37,10 @@ class Plan:
         nothing inside (Chen et al.'s sqrt(N) checkpointing; `simulated`
         is then DTR's run at the budget, for comparison); "none" where
         `jax.grad`'s own step fits the budget: no segments, nothing recomputed.
+      gate: where segments are protected (on the CPU), how: "auto" gates the
+        recomputation of a segment holding a convolution by selects and any
+        other by a `lax.cond`; "cond" gates every one by a `lax.cond` (the
+        planner's fallback where the selects' copies do not fit).
     """
 
     budget_bytes: int
@@ -50,6 +54,7 @@ class Plan:
     predicted_bytes: int = 0  # the plan's own model of the compiled step
     timings: tuple[Timing, ...] = ()
     origin: str = "dtr"
+    gate: str = "auto"  # how protected segments are gated (`checkpoint.GATES`)
 
     @functools.cached_property
     def policy(self) -> SavePolicy:
@@ -66,7 +71,7 @@ class Plan:
         """The user's function, run through the plan's checkpoint segments."""
         config = self._config
         leaves = config.traced_leaves(args, kwargs)
-        outs = run_segments(self.program, self.segments, leaves, config.implementation)
+        outs = run_segments(self.program, self.segments, leaves, config.implementation, self.gate)
         return config.unflatten_outputs(outs)
 
     def value_and_grad(self, *args, **kwargs):
@@ -145,4 +150,4 @@ def layout(plan: Plan) -> tuple:
     def of(segments: Sequence[Segment]) -> tuple:
         return tuple((seg.start, seg.stop, tuple(v.id for v in seg.saved), of(seg.children)) for seg in segments)
 
-    return of(plan.segments)
+    return (plan.gate, of(plan.segments))

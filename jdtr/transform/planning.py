@@ -41,7 +41,7 @@ from ..offline import run
 from ..runtime import Heuristic, Observer, OutOfBudgetError, format_bytes, get_heuristic
 from .arguments import Arguments, argnums_tuple, concrete_leaves, flatten_arguments
 from .autotune import Timing, can_autotune, example_inputs, median_step_seconds
-from .checkpoint import named_forward, run_segments
+from .checkpoint import gates_differ, named_forward, run_segments
 from .checkpoint_plan import Plan, layout
 from .compiled import compile_all, compiled_bytes, lower
 from .lowering import simulation
@@ -279,6 +279,7 @@ def make_plan(
     effective_target = float(target)
     tried: set = set()
     compiled: list[tuple[Plan, Any]] = []  # every plan measured, with its executable
+    fallback: Optional[Plan] = None  # a plan gated by conds that fits (`checkpoint.GATES`)
 
     def record(candidate: Plan, executable_and_bytes: tuple[Any, int]) -> Plan:
         executable, nbytes = executable_and_bytes
@@ -296,6 +297,16 @@ def make_plan(
             break  # asking for less no longer changes the plan: nothing better to find
         tried.add(layout(plan))
         plan = record(plan, planning.compile([plan])[0])
+        if plan.compiled_bytes > target and fallback is None and gates_differ(forward, plan.segments, implementation):
+            # Selects keep convolutions fast but may cost copies: the same
+            # segments gated by conds, kept in case no plan gated by selects fits.
+            gated = dataclasses.replace(plan, gate="cond", compiled_bytes=None)
+            tried.add(layout(gated))
+            gated = record(gated, planning.compile([gated])[0])
+            if gated.compiled_bytes <= target:
+                fallback = gated
+            if best is None or gated.compiled_bytes < best.compiled_bytes:
+                best = gated
         if best is None or plan.compiled_bytes < best.compiled_bytes:
             best = plan
         if plan.compiled_bytes <= target:
@@ -304,6 +315,8 @@ def make_plan(
         # XLA needed more than the plan's memory model predicted: plan for
         # proportionally less.
         effective_target *= target / plan.compiled_bytes * 0.97
+    if chosen is None:  # within the budget first, else within the slack
+        chosen = fallback
     if chosen is None and best is not None and best.compiled_bytes <= target * (1 + PLAN_SLACK):
         chosen = best
     if chosen is None:
@@ -449,7 +462,7 @@ def _grad_of(plan: Plan, config: Config, traced):
     positions = config.arguments.traced_argnums
 
     def f(*leaves):
-        outs = run_segments(plan.program, plan.segments, leaves, config.implementation)
+        outs = run_segments(plan.program, plan.segments, leaves, config.implementation, plan.gate)
         return (outs[0], outs[1:]) if config.has_aux else outs[0]
 
     return jax.grad(f, positions, has_aux=config.has_aux)(*traced)
