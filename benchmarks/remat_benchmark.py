@@ -117,6 +117,7 @@ def main(argv=None):
     parser.add_argument("--output")
     parser.add_argument("--plot")
     parser.add_argument("--small", action="store_true")
+    parser.add_argument("--only", nargs="+", help="models whose name contains one of these words (MLP, Transformer, ResNet)")
     parser.add_argument("--tuned-only", action="store_true", help="leave out the remat_grad(autotune=False) rows")
     args = parser.parse_args(argv)
     if args.small:
@@ -125,7 +126,10 @@ def main(argv=None):
         suite = [
             ("MLP chain, 64 layers, width 256, batch 2048", lambda **kw: models.mlp_chain(64, 256, 2048, **kw), 64),
             ("Transformer, 6 blocks, dim 128, seq 128, batch 8", lambda **kw: models.transformer(6, 128, 4, 128, 8, 256, **kw), 6),
+            ("ResNet (BatchNorm), 8 blocks, 32 channels, 32x32, batch 16", lambda **kw: models.resnet(8, 32, 32, 16, **kw), 8),
         ]
+    if args.only:
+        suite = [entry for entry in suite if any(word.lower() in entry[0].lower() for word in args.only)]
     report = [f"### jdtr.remat_grad vs jax.checkpoint, {datetime.date.today().isoformat()}", "",
               f"Machine: {machine()}. Compiled memory = XLA's arguments + outputs + temporaries; step time = median of "
               f"{args.repeats} interleaved runs; a built-in choice no larger and faster by less than {TIE:.0%} is a tie. Built-in choices compiled with `{NO_CSE}` (without it, XLA on the CPU "

@@ -77,8 +77,18 @@ def _conv(x, w):
     return lax.conv_general_dilated(x, w, (1, 1), "SAME", dimension_numbers=("NHWC", "HWIO", "NHWC"))
 
 
-def resnet(blocks: int = 4, channels: int = 16, image: int = 16, batch: int = 8, classes: int = 10, seed: int = 0) -> Model:
-    """A residual CNN with batch norm (batch statistics), ReLU and a linear head."""
+def resnet(
+    blocks: int = 4,
+    channels: int = 16,
+    image: int = 16,
+    batch: int = 8,
+    classes: int = 10,
+    seed: int = 0,
+    segment: Optional[Segment] = None,
+    every: int = 1,
+) -> Model:
+    """A residual CNN with batch norm (batch statistics), ReLU and a linear
+    head; `segment` wraps each group of `every` blocks, as in `mlp_chain`."""
     keys = iter(jax.random.split(jax.random.PRNGKey(seed), 4 * blocks + 4))
 
     def conv_init(cin, cout):
@@ -102,15 +112,17 @@ def resnet(blocks: int = 4, channels: int = 16, image: int = 16, batch: int = 8,
 
     def loss(params, batch):
         x, y = batch
-        h = jax.nn.relu(_conv(x, params["stem"]))
-        for p in params["blocks"]:
-            r = jax.nn.relu(_batch_norm(_conv(h, p["conv1"]), *p["bn1"]))
-            r = _batch_norm(_conv(r, p["conv2"]), *p["bn2"])
-            h = jax.nn.relu(h + r)
+        h = _apply_layers(_residual_block, params["blocks"], jax.nn.relu(_conv(x, params["stem"])), segment, every)
         logits = jnp.mean(h, axis=(1, 2)) @ params["head"]
         return -jnp.mean(jnp.take_along_axis(jax.nn.log_softmax(logits), y[:, None], axis=1))
 
     return Model(f"resnet{blocks}x{channels}_b{batch}", loss, params, (images, labels))
+
+
+def _residual_block(p, h):
+    r = jax.nn.relu(_batch_norm(_conv(h, p["conv1"]), *p["bn1"]))
+    r = _batch_norm(_conv(r, p["conv2"]), *p["bn2"])
+    return jax.nn.relu(h + r)
 
 
 def _layer_norm(x, scale, bias, eps=1e-5):
