@@ -29,6 +29,7 @@ from .transform import OpInfo as OpInfo
 from .transform import cache_info as cache_info
 from .transform import clear_caches as clear_caches
 from .transform import Plan as Plan
+from .transform import PolicyWarning as PolicyWarning
 from .transform import RooflineCostModel as RooflineCostModel
 from .transform import SavePolicy as SavePolicy
 from .transform import grad as grad
@@ -52,6 +53,7 @@ __all__ = [
     "OutOfBudgetError",
     "ThrashWarning",
     "Plan",
+    "PolicyWarning",
     "RooflineCostModel",
     "SavePolicy",
     "SimResult",

@@ -14,6 +14,7 @@ import re
 import subprocess
 import sys
 import textwrap
+import warnings
 
 import jax
 import jax.numpy as jnp
@@ -299,8 +300,9 @@ def test_value_and_grad_has_aux_and_argnums():
 
 def test_policy_is_frozen_hashable_and_works_with_jax_checkpoint():
     m = model("mlp")
-    plan = plan_of("mlp", 0.5)
-    policy = plan.policy
+    plan = dataclasses.replace(plan_of("mlp", 0.5))  # a fresh object: `policy` is computed (and warns) once each
+    with pytest.warns(jdtr.PolicyWarning):  # the plan saves some of the chain's tanh outputs, not all
+        policy = plan.policy
     assert hash(policy) == hash(jdtr.SavePolicy(policy.names, policy.signatures))
     assert policy == jdtr.SavePolicy(policy.names, policy.signatures)
     with pytest.raises(Exception):
@@ -309,6 +311,39 @@ def test_policy_is_frozen_hashable_and_works_with_jax_checkpoint():
     assert_trees_close(got, jax.grad(m.loss)(m.params, m.batch), rtol=1e-4, atol=1e-6)
     for segment in plan.segments:
         assert segment.policy.names <= policy.names
+
+
+def test_policy_warns_where_signatures_cannot_mean_the_plan():
+    """The issue's case: on a 16-layer tanh MLP at 0.5 the plan saves some of
+    the 16 tanh outputs, all of one signature, so `jax.checkpoint(loss,
+    policy=plan.policy)` saves all 16 (compiled with CSE's barrier pass off,
+    its best case): `plan.policy` says so. Where the plan saves every value
+    of its signatures (no remat), it is silent and means the plan."""
+    keys = jax.random.split(jax.random.PRNGKey(0), 17)
+    params = [jax.random.normal(k, (256, 256)) / 16 for k in keys[:16]]
+    x = jax.random.normal(keys[16], (4096, 256))
+
+    def loss(params, x):
+        for w in params:
+            x = jnp.tanh(x @ w)
+        return jnp.mean(x**2)
+
+    def compiled_bytes(policy):
+        fn = jax.jit(jax.grad(jax.checkpoint(loss, policy=policy)), compiler_options={"xla_disable_hlo_passes": "cse_barrier_expander"})
+        a = fn.lower(params, x).compile().memory_analysis()
+        return a.argument_size_in_bytes + a.output_size_in_bytes + a.temp_size_in_bytes - a.alias_size_in_bytes
+
+    plan = jdtr.plan(loss, params, x, budget=0.5, autotune=False)
+    with pytest.warns(jdtr.PolicyWarning, match=r"tanh of float32\[4096, 256\]: \d+ of 16") as caught:
+        policy = plan.policy
+    k, n = caught[0].message.mixed[("tanh", (((4096, 256), "float32"),))]
+    assert 0 < k < n == 16
+    assert compiled_bytes(policy) > 1.3 * plan.compiled_bytes  # what the warning says
+    whole = jdtr.plan(loss, params, x, budget=1.0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        policy = whole.policy
+    assert compiled_bytes(policy) <= 1.02 * whole.compiled_bytes
 
 
 def test_report_lists_segments_and_totals():

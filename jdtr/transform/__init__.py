@@ -25,6 +25,7 @@ from .gradients import grad as grad
 from .gradients import value_and_grad as value_and_grad
 from .normalize import normalize as normalize
 from .checkpoint_plan import Plan as Plan
+from .checkpoint_plan import PolicyWarning as PolicyWarning
 from .gradients import trace as trace
 from .program import Program as Program
 from .remat import plan as plan
@@ -37,6 +38,7 @@ __all__ = [
     "CacheInfo",
     "OpInfo",
     "Plan",
+    "PolicyWarning",
     "Program",
     "RooflineCostModel",
     "SavePolicy",

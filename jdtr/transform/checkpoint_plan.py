@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import functools
+import warnings
 from dataclasses import dataclass
 from typing import Any, Optional, Sequence
 
@@ -14,6 +16,31 @@ from .autotune import Timing
 from .checkpoint import run_segments
 from .program import Equation, Program, Value
 from .segments import NAME_PREFIX, SavePolicy, Segment
+
+
+class PolicyWarning(UserWarning):
+    """`plan.policy` cannot mean the plan: the plan both saves and recomputes
+    values of one shape signature (the same layer's output in different
+    layers), and a policy of signatures saves them all.
+
+    Attributes:
+      mixed: per (primitive, input shapes and dtypes), (how many such values
+        the plan saves, how many the step computes).
+    """
+
+    def __init__(self, mixed: dict):
+        self.mixed = mixed
+        shown = "; ".join(
+            f"{name} of {', '.join(f'{dtype}{list(shape)}' for shape, dtype in args)}: {k} of {n}"
+            for (name, args), (k, n) in sorted(mixed.items(), key=lambda kv: -kv[1][1])[:3]
+        )
+        super().__init__(
+            "jdtr: plan.policy saves values by primitive and input shapes, and the plan saves only some of "
+            f"the values of a signature ({shown}{'; ...' if len(mixed) > 3 else ''}). Wherever it is "
+            "applied (`jax.checkpoint` on a whole function, `nnx.remat` on each layer), it saves every "
+            "value of such a signature, more than the plan. Use plan.grad, jdtr.remat_grad or "
+            "jdtr.nnx.remat_grad for the plan's memory."
+        )
 
 
 @dataclass(frozen=True, eq=False)
@@ -58,12 +85,20 @@ class Plan:
 
     @functools.cached_property
     def policy(self) -> SavePolicy:
+        """The plan's saved values as a `jax.checkpoint` policy: by jdtr's
+        names (inside `plan.grad`) and by primitive and input shapes (in the
+        user's own code). Warns (`PolicyWarning`) where a shape signature
+        cannot tell the values the plan saves from values it recomputes."""
         names = frozenset(NAME_PREFIX + str(v.id) for s in self.segments for leaf in s.leaves() for v in leaf.saved)
-        signatures = set()
+        saved, recomputed = collections.Counter(), collections.Counter()
         for item in self.program.body:
-            if isinstance(item, Equation) and any(v in self.saved for v in item.outputs):
-                signatures.add((item.name, tuple((tuple(a.shape), str(a.dtype)) for a in item.args)))
-        return SavePolicy(names, frozenset(signatures))
+            if isinstance(item, Equation) and item.outputs:
+                signature = (item.name, tuple((tuple(a.shape), str(a.dtype)) for a in item.args))
+                (saved if any(v in self.saved for v in item.outputs) else recomputed)[signature] += 1
+        mixed = {sig: (saved[sig], saved[sig] + recomputed[sig]) for sig in saved if recomputed[sig]}
+        if mixed:
+            warnings.warn(PolicyWarning(mixed), stacklevel=3)  # the caller, past cached_property
+        return SavePolicy(names, frozenset(saved))
 
     # ---------------------------------------------------------------- running
 
