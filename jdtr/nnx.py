@@ -27,6 +27,7 @@ from __future__ import annotations
 import functools
 from typing import Any, Callable, Sequence, Union
 
+import jax
 from flax import nnx
 
 from .budget import BudgetLike
@@ -54,24 +55,34 @@ def _make(f, argnums, has_aux, wrt, return_value, options, engine=_value_and_gra
     argnum_tuple = argnums_tuple(argnums)
 
     def split_pure(trainable_diff, trainable_rest, frozen, structure, kwargs):
-        # `structure` (argument count, differentiated positions, graph
+        # `structure` (argument count, differentiated positions, and per
+        # argument holding graph nodes its pytree structure and graph
         # definitions) and `kwargs` are arguments, not closed over: one traced
         # function serves every call, and jdtr's trace cache keys its traces
         # by them (a new function per call traced and planned every call).
         n, diff, graphdefs = structure
         graphdefs = dict(graphdefs)
-        rebuilt = []
+        rebuilt, nodes = [], {}
         for i in range(n):
             trainable = trainable_diff[i] if i in diff else trainable_rest[i]
             if i in graphdefs:
+                treedef, defs = graphdefs[i]
                 # copy: fresh Variables at this trace level, so the call may mutate them
-                rebuilt.append(nnx.merge(graphdefs[i], trainable, frozen[i], copy=True))
+                leaves = [
+                    nnx.merge(d, t, r, copy=True) if d is not None else t for d, t, r in zip(defs, trainable, frozen[i])
+                ]
+                nodes[i] = leaves
+                rebuilt.append(jax.tree_util.tree_unflatten(treedef, leaves))
             else:
                 rebuilt.append(trainable)
         out = f(*rebuilt, **kwargs)
         value, aux = out if has_aux else (out, None)
         # What the call mutated (batch statistics, RNG counts) goes back out.
-        updates = {i: nnx.state(rebuilt[i], nnx.Not(wrt) if i in diff else ...) for i in graphdefs}
+        kept = lambda i: nnx.Not(wrt) if i in diff else ...  # noqa: E731
+        updates = {
+            i: [nnx.state(leaf, kept(i)) if d is not None else None for leaf, d in zip(nodes[i], graphdefs[i][1])]
+            for i in graphdefs
+        }
         return value, (aux, updates)
 
     step = engine(split_pure, argnums=0, has_aux=True, **options)
@@ -82,29 +93,47 @@ def _make(f, argnums, has_aux, wrt, return_value, options, engine=_value_and_gra
         diff = {i % n for i in argnum_tuple if -n <= i < n}
         if len(diff) != len(argnum_tuple):
             raise TypeError(f"argnums={argnums} is out of range for {n} positional arguments")
-        modules, graphdefs, trainable, frozen = {}, {}, [], []
+        nodes, graphdefs, trainable, frozen = {}, {}, [], []
         for i, a in enumerate(args):
-            if _is_module(a):
-                graphdef, params, rest = nnx.split(a, wrt if i in diff else nnx.Nothing, ...)
-                modules[i], graphdefs[i] = a, graphdef
-                trainable.append(params)
-                frozen.append(rest)
-            else:
+            # Graph nodes anywhere in the argument (a module, or a list or
+            # dict of them, as `nnx.grad` takes) are split one by one.
+            leaves, treedef = jax.tree_util.tree_flatten(a, is_leaf=_is_module)
+            if not any(_is_module(leaf) for leaf in leaves):
                 trainable.append(a)
                 frozen.append(None)
+                continue
+            defs, params, rests = [], [], []
+            for leaf in leaves:
+                if _is_module(leaf):
+                    graphdef, state, rest = nnx.split(leaf, wrt if i in diff else nnx.Nothing, ...)
+                    defs.append(graphdef)
+                    params.append(state)
+                    rests.append(rest)
+                else:
+                    defs.append(None)
+                    params.append(leaf)
+                    rests.append(None)
+            nodes[i], graphdefs[i] = leaves, (treedef, tuple(defs))
+            trainable.append(params)
+            frozen.append(rests)
 
         # Differentiate only the positions in argnums: the others ride along frozen.
         trainable_diff = [trainable[i] if i in diff else None for i in range(n)]
         trainable_rest = [None if i in diff else trainable[i] for i in range(n)]
-        structure = (n, tuple(sorted(diff)), tuple(sorted(graphdefs.items())))
+        structure = (n, tuple(sorted(diff)), tuple(sorted(graphdefs.items(), key=lambda item: item[0])))
         out = step(trainable_diff, trainable_rest, frozen, structure, kwargs)
         stats = None
         if options.get("return_stats"):
             out, stats = out
         (value, (aux, updates)), grads_list = out
-        for i, module in modules.items():
-            nnx.update(module, updates[i])
-        grads = tuple(grads_list[i] for i in argnum_tuple)
+        for i, leaves in nodes.items():
+            for leaf, update in zip(leaves, updates[i]):
+                if update is not None:
+                    nnx.update(leaf, update)
+        grads = tuple(
+            jax.tree_util.tree_unflatten(graphdefs[i][0], grads_list[i]) if i in graphdefs else grads_list[i]
+            for i in (j % n for j in argnum_tuple)
+        )
         grads = grads[0] if isinstance(argnums, int) else grads
         if return_value:
             result = ((value, aux) if has_aux else value), grads

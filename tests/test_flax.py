@@ -394,3 +394,41 @@ def test_nnx_remat_value_and_grad_under_nnx_jit_trains_like_flax_within_the_budg
         return nnx.grad(deep_loss)(nnx.merge(graphdef, state), x, y)
 
     assert bytes_of(planned) <= budget * bytes_of(plain) * 1.1
+
+
+class NormBlock(nnx.Module):
+    def __init__(self, rngs):
+        self.lin = nnx.Linear(4, 4, rngs=rngs)
+        self.bn = nnx.BatchNorm(4, rngs=rngs)
+
+    def __call__(self, x):
+        return jnp.tanh(self.bn(self.lin(x)))
+
+
+@pytest.mark.parametrize("engine", ["grad", "remat_grad"])
+def test_containers_of_modules_as_one_argument_as_nnx_grad(engine):
+    """A dict holding a module and a list of modules, as one argument (issue
+    23 item 1): the gradients come back in `nnx.grad`'s structure (a State
+    per module, in the container), equal to it, and every module's batch
+    statistics are written back."""
+
+    def make():
+        return {"a": NormBlock(nnx.Rngs(0)), "b": [NormBlock(nnx.Rngs(1)), NormBlock(nnx.Rngs(2))]}
+
+    def loss(models, x, scale):
+        x = models["a"](x)
+        for block in models["b"]:
+            x = block(x)
+        return jnp.sum(x**2) * scale
+
+    x = jax.random.normal(jax.random.PRNGKey(0), (8, 4))
+    ours, theirs = make(), make()
+    options = {"budget": 0.9} if engine == "grad" else {"budget": 1.0}
+    got = getattr(jdtr.nnx, engine)(loss, argnums=(0, 2), **options)(ours, x, 2.0)
+    expected = nnx.grad(loss, argnums=(0, 2))(theirs, x, 2.0)
+    assert jax.tree_util.tree_structure(got) == jax.tree_util.tree_structure(expected)
+    leaves_close(got, expected)
+    for mine, reference in [(ours["a"], theirs["a"]), *zip(ours["b"], theirs["b"])]:
+        statistics = nnx.state(reference, nnx.BatchStat)
+        assert float(jnp.abs(statistics["bn"]["mean"][...]).sum()) > 0  # the step moved them
+        leaves_close(nnx.state(mine, nnx.BatchStat), statistics)

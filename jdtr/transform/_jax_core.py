@@ -97,6 +97,13 @@ def is_array(x: Any) -> bool:
     return isinstance(x, jax.Array)
 
 
+def is_batched(x: Any) -> bool:
+    """Whether `x` is a tracer of a `vmap` under way (the innermost trace)."""
+    from jax._src.interpreters import batching
+
+    return isinstance(x, batching.BatchTracer)
+
+
 def is_tracer(x: Any) -> bool:
     """Whether `x` is a tracer of some transformation (jit, vmap, grad)."""
     return isinstance(x, jax.core.Tracer)

@@ -8,6 +8,7 @@ from typing import Callable, Hashable, Optional, Sequence, Union
 from ..budget import BudgetLike, parse_budget
 from ..runtime import Heuristic, get_heuristic
 from .arguments import argnums_tuple, flatten_arguments
+from .batched import batched_call, under_vmap
 from .checkpoint_plan import Plan
 from .planning import IMPLEMENTATIONS, make_plan
 
@@ -95,6 +96,8 @@ class _RematGrad:
         return found
 
     def __call__(self, *args, **kwargs):
+        if under_vmap(args, kwargs):  # plan the batched step (`batched`), not one example's
+            return batched_call(self, args, kwargs)
         plan = self.plan_for(*args, **kwargs)
         return plan.value_and_grad(*args, **kwargs) if self.value else plan.grad(*args, **kwargs)
 
