@@ -77,7 +77,7 @@ class ComputeStep:
     payload: Any = field(default=None, compare=False, repr=False)
     replayable: bool = True
     external: bool = False
-    source: Optional[str] = None
+    source: Optional[object] = None  # its str is the line (a traced program's is found when shown)
 
 
 @dataclass(frozen=True)

@@ -42,7 +42,7 @@ class OutOfBudgetError(MemoryError):
         locked_bytes: int,
         budget_bytes: int,
         op_name: str,
-        source: Optional[str] = None,
+        source: Optional[object] = None,
     ):
         self.needed_bytes = needed_bytes
         self.free_bytes = free_bytes
@@ -50,8 +50,8 @@ class OutOfBudgetError(MemoryError):
         self.locked_bytes = locked_bytes
         self.budget_bytes = budget_bytes
         self.op_name = op_name
-        self.source = source
-        where = f" at {source}" if source else ""
+        self.source = None if source is None else str(source)  # (a source may be found when shown: its str)
+        where = f" at {self.source}" if self.source else ""
         super().__init__(
             f"`{op_name}`{where} needs {format_bytes(needed_bytes)} ({needed_bytes} bytes) but only "
             f"{format_bytes(free_bytes)} of the {format_bytes(budget_bytes)} budget ({budget_bytes} bytes) "

@@ -32,7 +32,7 @@ class Operator:
         cost: float,
         payload: Any = None,
         replayable: bool = True,
-        source: Optional[str] = None,
+        source: Optional[object] = None,  # its str is the user's source line
         workspace: int = 0,
     ):
         self.id = id

@@ -144,7 +144,7 @@ class Runtime:
         cost: Optional[float] = None,
         payload: Any = None,
         replayable: bool = True,
-        source: Optional[str] = None,
+        source: Optional[object] = None,
         aliases: Optional[Sequence[int]] = None,
         workspace: int = 0,
     ) -> list[Tensor]:

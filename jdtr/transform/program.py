@@ -59,7 +59,7 @@ class Equation:
     fn: Callable[..., list[Any]]
     cost: Optional[float]
     effects: bool = False
-    source: Optional[str] = None
+    source: Optional[object] = None  # the user's source line, as its str (found when first shown)
     trace: Optional[Callable[..., list[Any]]] = None
     executable: Any = None  # the `Executable` `fn` calls, for XLA's analyses
     workspace: int = 0  # bytes XLA takes beside inputs and outputs while it runs (`assign_workspaces`)
@@ -78,7 +78,7 @@ class Cond:
     branches: tuple["Program", ...]
     operands: tuple[Atom, ...]
     outputs: tuple[Value, ...]
-    source: Optional[str] = None
+    source: Optional[object] = None  # as `Equation.source`
 
     @property
     def args(self) -> tuple[Value, ...]:
