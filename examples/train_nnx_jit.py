@@ -50,8 +50,8 @@ def loss_fn(model: Student, x, y):
 
 
 def compiled_bytes(fn, *args) -> int:
-    analysis = jax.jit(fn).lower(*args).compile().memory_analysis()
-    return analysis.argument_size_in_bytes + analysis.output_size_in_bytes + analysis.temp_size_in_bytes - analysis.alias_size_in_bytes
+    a = jax.jit(fn).lower(*args).compile().memory_analysis()
+    return a.argument_size_in_bytes + a.output_size_in_bytes + a.temp_size_in_bytes - a.alias_size_in_bytes
 
 
 def main(argv=None) -> float:
@@ -85,13 +85,15 @@ def main(argv=None) -> float:
     # The gradient step alone, compiled, against jax.grad's (the budget's unit).
     graphdef, state = nnx.split(model)
     x, y = batch(keys[1])
-    planned = compiled_bytes(lambda s, x, y: jdtr.nnx.remat_grad(loss_fn, budget=args.budget)(nnx.merge(graphdef, s), x, y), state, x, y)
+    remat_grad = jdtr.nnx.remat_grad(loss_fn, budget=args.budget)
+    planned = compiled_bytes(lambda s, x, y: remat_grad(nnx.merge(graphdef, s), x, y), state, x, y)
     plain = compiled_bytes(lambda s, x, y: nnx.grad(loss_fn)(nnx.merge(graphdef, s), x, y), state, x, y)
     budget = args.budget
     # The first step's gradients against nnx.value_and_grad's, on copies of the model.
     ours = value_and_grad(nnx.clone(model), x, y)[1]
     theirs = nnx.value_and_grad(loss_fn)(nnx.clone(model), x, y)[1]
-    error = max(float(jnp.max(jnp.abs(a - b))) for a, b in zip(jax.tree_util.tree_leaves(ours), jax.tree_util.tree_leaves(theirs)))
+    pairs = zip(jax.tree_util.tree_leaves(ours), jax.tree_util.tree_leaves(theirs))
+    error = max(float(jnp.max(jnp.abs(a - b))) for a, b in pairs)
 
     key, loss = keys[2], float("nan")
     for step in range(1, args.steps + 1):

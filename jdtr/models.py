@@ -193,8 +193,21 @@ def transformer(
     return Model(f"transformer{blocks}x{dim}_s{seq}_b{batch}", loss, params, tokens)
 
 
-def rnn(steps: int = 32, hidden: int = 64, features: int = 16, batch: int = 8, seed: int = 0) -> Model:
-    """A tanh RNN over time written with `lax.scan` (unrolled by jdtr)."""
+def rnn(
+    steps: int = 32,
+    hidden: int = 64,
+    features: int = 16,
+    batch: int = 8,
+    seed: int = 0,
+    segment: Optional[Segment] = None,
+    every: int = 1,
+) -> Model:
+    """A tanh RNN over time written with `lax.scan` (unrolled by jdtr).
+
+    `segment` wraps each group of `every` steps, as `jax.checkpoint` is used
+    with scans: the step function itself (every=1), or a scan over groups
+    whose body scans `every` steps (sqrt(T) checkpointing, `every` dividing
+    `steps`)."""
     k1, k2, k3, k4 = jax.random.split(jax.random.PRNGKey(seed), 4)
     params = {
         "w_in": jax.random.normal(k1, (features, hidden), jnp.float32) / jnp.sqrt(features),
@@ -208,7 +221,15 @@ def rnn(steps: int = 32, hidden: int = 64, features: int = 16, batch: int = 8, s
             h = jnp.tanh(x @ params["w_in"] + h @ params["w_h"])
             return h, h @ params["w_out"]
 
-        _, ys = lax.scan(cell, jnp.zeros((xs.shape[1], params["w_h"].shape[0])), xs)
+        h0 = jnp.zeros((xs.shape[1], params["w_h"].shape[0]))
+        if segment is None:
+            _, ys = lax.scan(cell, h0, xs)
+        elif every == 1:
+            _, ys = lax.scan(segment(cell), h0, xs)
+        else:
+            group = segment(lambda h, chunk: lax.scan(cell, h, chunk))
+            _, ys = lax.scan(group, h0, xs.reshape(xs.shape[0] // every, every, *xs.shape[1:]))
+            ys = ys.reshape(xs.shape[0], *ys.shape[2:])
         return jnp.mean(ys**2)
 
     return Model(f"rnn{steps}x{hidden}_b{batch}", loss, params, xs)

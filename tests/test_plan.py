@@ -35,6 +35,12 @@ def assert_trees_close(a, b, rtol=1e-5, atol=1e-6):
         np.testing.assert_allclose(np.asarray(x), np.asarray(y), rtol=rtol, atol=atol)
 
 
+def compiled_total(fn, *args, **jit_options):
+    """XLA's argument + output + temporary bytes of `jax.jit(fn)` for `args` (what a plan's budget counts)."""
+    a = jax.jit(fn, **jit_options).lower(*args).compile().memory_analysis()
+    return a.argument_size_in_bytes + a.output_size_in_bytes + a.temp_size_in_bytes - a.alias_size_in_bytes
+
+
 MODELS = {
     "mlp": lambda: models.mlp_chain(layers=64, width=64, batch=1024),
     "transformer": lambda: models.transformer(blocks=4, dim=32, heads=2, seq=64, batch=8, vocab=64),
@@ -140,13 +146,11 @@ def test_a_budget_jax_grad_fits_never_raises(budget):
         return jnp.sum(jnp.tanh(jnp.tanh(x @ p["w1"]) @ p["w2"]) ** 2)
 
     plan = jdtr.plan(loss, params, x, budget=budget)
-    expected = jax.jit(jax.grad(loss)).lower(params, x).compile().memory_analysis()
-    unconstrained = expected.argument_size_in_bytes + expected.output_size_in_bytes + expected.temp_size_in_bytes - expected.alias_size_in_bytes
     assert plan.origin == "none" and plan.segments == () and "no remat" in plan.report()
-    assert plan.compiled_bytes == unconstrained <= plan.budget_bytes
-    analysis = jax.jit(plan.grad).lower(params, x).compile().memory_analysis()
-    assert analysis.argument_size_in_bytes + analysis.output_size_in_bytes + analysis.temp_size_in_bytes - analysis.alias_size_in_bytes <= plan.budget_bytes
-    assert_trees_close(jax.jit(jdtr.remat_grad(loss, budget=budget))(params, x), jax.jit(jax.grad(loss))(params, x), rtol=1e-4, atol=1e-5)
+    assert plan.compiled_bytes == compiled_total(jax.grad(loss), params, x) <= plan.budget_bytes
+    assert compiled_total(plan.grad, params, x) <= plan.budget_bytes
+    got = jax.jit(jdtr.remat_grad(loss, budget=budget))(params, x)
+    assert_trees_close(got, jax.jit(jax.grad(loss))(params, x), rtol=1e-4, atol=1e-5)
 
 
 def test_compiled_bytes_are_xla_numbers_for_what_the_user_compiles():
@@ -329,9 +333,8 @@ def test_policy_warns_where_signatures_cannot_mean_the_plan():
         return jnp.mean(x**2)
 
     def compiled_bytes(policy):
-        fn = jax.jit(jax.grad(jax.checkpoint(loss, policy=policy)), compiler_options={"xla_disable_hlo_passes": "cse_barrier_expander"})
-        a = fn.lower(params, x).compile().memory_analysis()
-        return a.argument_size_in_bytes + a.output_size_in_bytes + a.temp_size_in_bytes - a.alias_size_in_bytes
+        no_cse = {"xla_disable_hlo_passes": "cse_barrier_expander"}
+        return compiled_total(jax.grad(jax.checkpoint(loss, policy=policy)), params, x, compiler_options=no_cse)
 
     plan = jdtr.plan(loss, params, x, budget=0.5, autotune=False)
     with pytest.warns(jdtr.PolicyWarning, match=r"tanh of float32\[4096, 256\]: \d+ of 16") as caught:
@@ -365,17 +368,14 @@ def test_vmap_plans_the_batched_step_within_the_budget(in_axes):
             x = jnp.tanh(x @ w)
         return jnp.mean(x**2), {"last": x[0]}
 
-    def total_bytes(fn):
-        a = jax.jit(fn).lower(params, xs).compile().memory_analysis()
-        return a.argument_size_in_bytes + a.output_size_in_bytes + a.temp_size_in_bytes - a.alias_size_in_bytes
-
     planned = jax.vmap(jdtr.remat_value_and_grad(loss, has_aux=True, budget=0.5, autotune=False), in_axes=in_axes)
     plain = jax.vmap(jax.value_and_grad(loss, has_aux=True), in_axes=in_axes)
-    assert total_bytes(planned) <= 0.5 * total_bytes(plain) * (1 + SLACK)
+    assert compiled_total(planned, params, xs) <= 0.5 * compiled_total(plain, params, xs) * (1 + SLACK)
     got, expected = jax.jit(planned)(params, xs), jax.jit(plain)(params, xs)
     assert jax.tree_util.tree_structure(got) == jax.tree_util.tree_structure(expected)
     assert_trees_close(got, expected, rtol=1e-4, atol=1e-6)
-    grads = jax.vmap(jdtr.remat_grad(lambda p, x: loss(p, x)[0], budget=0.5, autotune=False), in_axes=in_axes)(params, xs)  # eager
+    eager = jax.vmap(jdtr.remat_grad(lambda p, x: loss(p, x)[0], budget=0.5, autotune=False), in_axes=in_axes)
+    grads = eager(params, xs)
     assert_trees_close(grads, expected[1], rtol=1e-4, atol=1e-6)
 
 
@@ -433,15 +433,12 @@ def test_convolution_segments_are_gated_without_a_cond_and_keep_their_saving():
     def compiled(p):
         return jax.jit(p.grad).lower(m.params, m.batch).compile()
 
-    def total(c):
-        a = c.memory_analysis()
-        return a.argument_size_in_bytes + a.output_size_in_bytes + a.temp_size_in_bytes - a.alias_size_in_bytes
-
     def convolutions_in_branches(c):
         """Convolutions in the computations a conditional branches to (and those they call)."""
         text = c.as_text()
         bodies = dict(re.findall(r"^(?:ENTRY )?%?([\w.\-]+) [^\n]*\{\n(.*?)^\}", text, re.S | re.M))
-        pending = [n for group in re.findall(r"branch_computations=\{([^}]*)\}", text) for n in re.findall(r"%?([\w.\-]+)", group)]
+        groups = re.findall(r"branch_computations=\{([^}]*)\}", text)
+        pending = [n for group in groups for n in re.findall(r"%?([\w.\-]+)", group)]
         seen, count = set(), 0
         while pending:
             name = pending.pop()
@@ -449,14 +446,15 @@ def test_convolution_segments_are_gated_without_a_cond_and_keep_their_saving():
                 continue
             seen.add(name)
             count += bodies[name].count("convolution(")
-            pending += re.findall(r"(?:calls|to_apply|body|condition|branch_computations=\{)=?%?([\w.\-]+)", bodies[name])
+            called = r"(?:calls|to_apply|body|condition|branch_computations=\{)=?%?([\w.\-]+)"
+            pending += re.findall(called, bodies[name])
         return count
 
     tainted, conds = dataclasses.replace(plan, gate="auto"), dataclasses.replace(plan, gate="cond")
     assert "convolution(" in compiled(tainted).as_text() and convolutions_in_branches(compiled(tainted)) == 0
     assert convolutions_in_branches(compiled(conds)) > 0
-    plain = total(compiled(as_implementation(plan, "checkpoint")))  # barriers stripped: nothing recomputed
-    assert total(compiled(tainted)) < 0.95 * plain  # (a small net: the saving is a few activations)
+    plain = compiled_total(as_implementation(plan, "checkpoint").grad, m.params, m.batch)  # barriers stripped
+    assert compiled_total(tainted.grad, m.params, m.batch) < 0.95 * plain  # (a small net: a few activations saved)
     for p in (tainted, conds):
         assert_trees_close(jax.jit(p.grad)(m.params, m.batch), reference, rtol=1e-4, atol=1e-6)
 

@@ -37,7 +37,8 @@ def under_vmap(args: tuple, kwargs: dict) -> bool:
 
 
 def batched_call(remat: Any, args: tuple, kwargs: dict):
-    """`remat`'s result (a `_RematGrad`) for a call under `vmap`, planned for the batched step."""
+    """`remat`'s result for a call under `vmap`, planned for the batched step.
+    (`remat` is the `remat._RematGrad` called: its options and plan cache.)"""
     leaves, arguments = flatten_arguments(remat.argnums, args, kwargs, eager=False)
     traced = [leaf for leaf, spec in zip(leaves, arguments.specs) if not isinstance(spec, Static)]
     per_example = arguments.bind(remat.fun)
@@ -79,7 +80,10 @@ def _batched(remat: Any, arguments: Arguments, per_example: Callable, axis_size:
     diff = arguments.traced_argnums
     # Per-example gradients of a shared (unbatched) argument need a copy per example.
     axes = [0 if batched or i in diff else None for i, batched in enumerate(in_batched)]
-    ys = [x if batched or i not in diff else jnp.broadcast_to(x, (axis_size, *jnp.shape(x))) for i, (x, batched) in enumerate(zip(xs, in_batched))]
+    ys = [
+        x if batched or i not in diff else jnp.broadcast_to(x, (axis_size, *jnp.shape(x)))
+        for i, (x, batched) in enumerate(zip(xs, in_batched))
+    ]
 
     def total(*ys):
         out = jax.vmap(per_example, in_axes=axes)(*ys)
@@ -89,7 +93,8 @@ def _batched(remat: Any, arguments: Arguments, per_example: Callable, axis_size:
     key = ("vmap", arguments.key, axis_size, tuple(in_batched))
     plan = remat.plans.get(key)
     if plan is None:
-        plain = jax.vmap(jax.grad(per_example, diff, has_aux=remat.has_aux), in_axes=[0 if b else None for b in in_batched])
+        unbatched = [0 if b else None for b in in_batched]
+        plain = jax.vmap(jax.grad(per_example, diff, has_aux=remat.has_aux), in_axes=unbatched)
         specs = [jax.ShapeDtypeStruct(jnp.shape(x), jnp.result_type(x)) for x in xs]
         budget = parse_budget(remat.budget).resolve(compiled_bytes(plain, specs))
         plan = make_plan(

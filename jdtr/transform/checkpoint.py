@@ -111,7 +111,9 @@ def gates_differ(program: Program, segments: Sequence[Segment], implementation: 
     return protects(implementation) and any(_recomputes_a_convolution(program, seg) for seg in segments)
 
 
-def run_segments(program: Program, segments: Sequence[Segment], leaves: Sequence[Any], implementation: str, gate: str = "auto"):
+def run_segments(
+    program: Program, segments: Sequence[Segment], leaves: Sequence[Any], implementation: str, gate: str = "auto"
+):
     """Evaluates the forward program segment by segment, each in its own
     checkpoint (protected ones gated by `gate`, one of `GATES`)."""
     implementation = "protected" if protects(implementation) else "checkpoint"
@@ -165,12 +167,13 @@ def _run_segment(
 
 def _recomputes_a_convolution(program: Program, seg: Segment) -> bool:
     """Whether `seg` (its nested segments included) holds a convolution."""
-    return any(
-        isinstance(item, Equation) and item.name == "conv_general_dilated" for item in program.body[seg.start : seg.stop]
-    )
+    items = program.body[seg.start : seg.stop]
+    return any(isinstance(item, Equation) and item.name == "conv_general_dilated" for item in items)
 
 
-def _protected_checkpoint(fn: Callable, policy: SavePolicy, differentiable: Sequence[bool], gate: str = "cond") -> Callable:
+def _protected_checkpoint(
+    fn: Callable, policy: SavePolicy, differentiable: Sequence[bool], gate: str = "cond"
+) -> Callable:
     """`jax.checkpoint(fn, policy)` whose backward recomputation XLA cannot merge away.
 
     The backward pass depends on a predicate XLA cannot decide at compile
