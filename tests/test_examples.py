@@ -91,7 +91,7 @@ def test_higher_order_matches_jax_grad(capsys):
 
 
 def test_nnx_jit_example_trains_with_the_compiled_path_within_the_budget(capsys):
-    argv = ["--steps", "4", "--layers", "16", "--width", "64", "--batch", "2048", "--budget", "0.6"]
+    argv = ["--steps", "2", "--layers", "16", "--width", "64", "--batch", "2048", "--budget", "0.6"]
     loss = load("train_nnx_jit").main(argv)
     last = capsys.readouterr().out.strip().splitlines()[-1]
     assert math.isfinite(loss) and f"final loss {loss:.4f}" in last

@@ -425,7 +425,7 @@ def test_convolution_segments_are_gated_without_a_cond_and_keep_their_saving():
     conditional, and CSE still cannot merge the recomputation away (the
     saving is kept, unlike plain checkpoints), with `jax.grad`'s gradients.
     The planner keeps a plan within the budget, gated either way."""
-    m = jdtr.models.flax_resnet_groupnorm(blocks=2, channels=8, image=16, batch=8)
+    m = jdtr.models.flax_resnet_groupnorm(blocks=2, channels=8, image=8, batch=8)
     plan = jdtr.plan(m.loss, m.params, m.batch, budget=0.7, autotune=False)
     assert plan.gate in ("auto", "cond") and plan.compiled_bytes <= plan.budget_bytes * (1 + SLACK), plan.report()
     reference = jax.jit(jax.grad(m.loss))(m.params, m.batch)
