@@ -98,7 +98,7 @@ def named_forward(program: Program):
 
 
 
-GATES = ("auto", "cond")  # "auto": "select" for segments that recompute a convolution, else "cond"
+GATES = ("auto", "cond")  # "auto": the taint ("select") for segments that recompute a convolution, else "cond"
 
 
 def protects(implementation: str) -> bool:

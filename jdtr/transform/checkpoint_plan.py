@@ -65,9 +65,9 @@ class Plan:
         is then DTR's run at the budget, for comparison); "none" where
         `jax.grad`'s own step fits the budget: no segments, nothing recomputed.
       gate: where segments are protected (on the CPU), how: "auto" gates the
-        recomputation of a segment holding a convolution by selects and any
+        recomputation of a segment holding a convolution by a taint and any
         other by a `lax.cond`; "cond" gates every one by a `lax.cond` (the
-        planner's fallback where the selects' copies do not fit).
+        planner's fallback where no tainted plan fits).
     """
 
     budget_bytes: int

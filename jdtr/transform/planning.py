@@ -298,8 +298,8 @@ def make_plan(
         tried.add(layout(plan))
         plan = record(plan, planning.compile([plan])[0])
         if plan.compiled_bytes > target and fallback is None and gates_differ(forward, plan.segments, implementation):
-            # Selects keep convolutions fast but may cost copies: the same
-            # segments gated by conds, kept in case no plan gated by selects fits.
+            # The taint keeps convolutions fast but may cost XLA copies: the
+            # same segments gated by conds, kept in case no tainted plan fits.
             gated = dataclasses.replace(plan, gate="cond", compiled_bytes=None)
             tried.add(layout(gated))
             gated = record(gated, planning.compile([gated])[0])
