@@ -149,16 +149,19 @@ class Arguments:
         leaves = jax.tree_util.tree_leaves((args, kwargs))
         return [x for x, s in zip(leaves, self.specs) if not isinstance(s, Static)]
 
+    def unflatten(self, traced: Sequence[Any], statics: bool = True) -> tuple[tuple, dict]:
+        """`(args, kwargs)` of a call with this structure from its traced
+        leaves; the statics filled in, or None with `statics=False` (a
+        structure for per-leaf results, such as gradients)."""
+        it = iter(traced)
+        leaves = [(s.value if statics else None) if isinstance(s, Static) else next(it) for s in self.specs]
+        return jax.tree_util.tree_unflatten(self.treedef, leaves)
+
     def bind(self, fun: Callable) -> Callable:
         """`fun(*args, **kwargs)` as a function of the traced leaves, the statics filled in."""
-        specs, treedef = self.specs, self.treedef
-        positions = [i for i, s in enumerate(specs) if not isinstance(s, Static)]
 
         def flat(*traced):
-            leaves = [s.value if isinstance(s, Static) else None for s in specs]
-            for i, x in zip(positions, traced):
-                leaves[i] = x
-            args, kwargs = jax.tree_util.tree_unflatten(treedef, leaves)
+            args, kwargs = self.unflatten(traced)
             return fun(*args, **kwargs)
 
         return flat

@@ -26,7 +26,7 @@ from jax.custom_batching import custom_vmap
 
 from ..budget import parse_budget
 from . import _jax_core
-from .arguments import Arguments, Static, flatten_arguments
+from .arguments import Arguments, flatten_arguments
 from .compiled import compiled_bytes
 from .planning import make_plan
 
@@ -39,8 +39,8 @@ def under_vmap(args: tuple, kwargs: dict) -> bool:
 def batched_call(remat: Any, args: tuple, kwargs: dict):
     """`remat`'s result for a call under `vmap`, planned for the batched step.
     (`remat` is the `remat._RematGrad` called: its options and plan cache.)"""
-    leaves, arguments = flatten_arguments(remat.argnums, args, kwargs, eager=False)
-    traced = [leaf for leaf, spec in zip(leaves, arguments.specs) if not isinstance(spec, Static)]
+    _, arguments = flatten_arguments(remat.argnums, args, kwargs, eager=False)
+    traced = arguments.traced_leaves(args, kwargs)
     per_example = arguments.bind(remat.fun)
     structure: list = []  # the outputs' pytree, filled when the call is traced
 
@@ -111,14 +111,8 @@ def _batched(remat: Any, arguments: Arguments, per_example: Callable, axis_size:
 def _gradients_as_arguments(remat: Any, arguments: Arguments, diff, grads) -> Any:
     """Gradients per traced leaf, in the differentiated arguments' structure (as `jax.grad` returns them)."""
     by_leaf = dict(zip(diff, grads))
-    position, leaves = 0, []
-    for spec in arguments.specs:
-        if isinstance(spec, Static):
-            leaves.append(None)
-        else:
-            leaves.append(by_leaf.get(position))
-            position += 1
-    args, _ = jax.tree_util.tree_unflatten(arguments.treedef, leaves)
+    count = len(arguments.traced_specs)
+    args, _ = arguments.unflatten([by_leaf.get(i) for i in range(count)], statics=False)
     if isinstance(remat.argnums, int):
         return args[remat.argnums]
     return tuple(args[i] for i in remat.argnums)
