@@ -75,7 +75,7 @@ def run(name, factory, layers, ratios, repeats, tune=True):
             exe, nbytes = compiled(plan.grad, args)
             label = f"jdtr.remat_grad budget {ratio}" + ("" if autotune else ", autotune=False")
             rows.append({"label": label, "bytes": nbytes, "exe": exe, "budget": plan.budget_bytes,
-                         "segments": len(plan.segments), "depth": max(seg.depth for seg in plan.segments),
+                         "segments": len(plan.segments), "depth": max((seg.depth for seg in plan.segments), default=0),
                          "origin": plan.origin, "planning": planning})
     times = {r["label"]: [] for r in rows}
     for r in rows:

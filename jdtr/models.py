@@ -1,6 +1,6 @@
 """Reference models in plain JAX, shared by tests, benchmarks and notebooks
-(and four in Flax NNX, `batchnorm_cnn`, `flax_gpt`, `flax_resnet_groupnorm` and
-`flax_scan_lstm`, which import flax and optax when called).
+(and five in Flax NNX, `batchnorm_cnn`, `flax_gpt`, `flax_resnet_groupnorm`,
+`flax_scan_lstm` and `flax_scan_gpt`, which import flax and optax when called).
 
 Layer 0 of docs/design.md's map: public, for users to try jdtr on, but not
 part of the library's machinery (nothing under `jdtr/` imports it).
@@ -202,7 +202,8 @@ def rnn(
     segment: Optional[Segment] = None,
     every: int = 1,
 ) -> Model:
-    """A tanh RNN over time written with `lax.scan` (unrolled by jdtr).
+    """A tanh RNN over time written with `lax.scan` (unrolled by `jdtr.grad`,
+    kept whole by `jdtr.plan`'s scan-aware plans).
 
     `segment` wraps each group of `every` steps, as `jax.checkpoint` is used
     with scans: the step function itself (every=1), or a scan over groups
@@ -292,10 +293,8 @@ def batchnorm_cnn(batch: int = 64, seed: int = 0) -> Model:
 # when called, as `batchnorm_cnn` does.
 
 
-def flax_gpt(layers: int = 4, dim: int = 128, heads: int = 4, seq: int = 128, batch: int = 8, vocab: int = 256, seed: int = 0) -> Model:
-    """A GPT in Flax NNX: pre-norm blocks of causal self-attention and a GELU
-    MLP; the batch is token ids (batch, seq + 1), next-token loss."""
-    import optax
+def _gpt_block(dim: int, heads: int):
+    """A pre-norm GPT block in Flax NNX: causal self-attention and a GELU MLP."""
     from flax import nnx
 
     class Block(nnx.Module):
@@ -307,6 +306,31 @@ def flax_gpt(layers: int = 4, dim: int = 128, heads: int = 4, seq: int = 128, ba
         def __call__(self, x, mask):
             x = x + self.attn(self.ln1(x), mask=mask)
             return x + self.fc2(nnx.gelu(self.fc1(self.ln2(x))))
+
+    return Block
+
+
+def _next_token_model(module, batch: int, seq: int, vocab: int, seed: int):
+    """The next-token loss of an NNX language model on its state, the state, and token ids."""
+    import optax
+    from flax import nnx
+
+    graphdef, state = nnx.split(module)
+
+    def loss(params, tokens):
+        logits = nnx.merge(graphdef, params)(tokens[:, :-1])
+        return optax.softmax_cross_entropy_with_integer_labels(logits, tokens[:, 1:]).mean()
+
+    tokens = jax.random.randint(jax.random.PRNGKey(seed), (batch, seq + 1), 0, vocab)
+    return loss, state, tokens
+
+
+def flax_gpt(layers: int = 4, dim: int = 128, heads: int = 4, seq: int = 128, batch: int = 8, vocab: int = 256, seed: int = 0) -> Model:
+    """A GPT in Flax NNX: pre-norm blocks of causal self-attention and a GELU
+    MLP; the batch is token ids (batch, seq + 1), next-token loss."""
+    from flax import nnx
+
+    Block = _gpt_block(dim, heads)
 
     class GPT(nnx.Module):
         def __init__(self, rngs):
@@ -321,13 +345,7 @@ def flax_gpt(layers: int = 4, dim: int = 128, heads: int = 4, seq: int = 128, ba
                 x = block(x, mask)
             return self.head(self.ln(x))
 
-    graphdef, state = nnx.split(GPT(nnx.Rngs(seed)))
-
-    def loss(params, tokens):
-        logits = nnx.merge(graphdef, params)(tokens[:, :-1])
-        return optax.softmax_cross_entropy_with_integer_labels(logits, tokens[:, 1:]).mean()
-
-    tokens = jax.random.randint(jax.random.PRNGKey(seed), (batch, seq + 1), 0, vocab)
+    loss, state, tokens = _next_token_model(GPT(nnx.Rngs(seed)), batch, seq, vocab, seed)
     return Model(f"flax_gpt{layers}x{dim}_s{seq}_b{batch}", loss, state, tokens)
 
 
@@ -389,3 +407,36 @@ def flax_scan_lstm(steps: int = 64, hidden: int = 256, features: int = 64, batch
 
     xs = jax.random.normal(jax.random.PRNGKey(seed), (steps, batch, features))
     return Model(f"flax_scan_lstm{steps}x{hidden}_b{batch}", loss, state, xs)
+
+
+def flax_scan_gpt(layers: int = 12, dim: int = 128, heads: int = 4, seq: int = 128, batch: int = 8, vocab: int = 256, seed: int = 0) -> Model:
+    """`flax_gpt` with its blocks' weights stacked and applied by `nnx.scan`
+    (the blocks made by `nnx.vmap`): the JAX idiom for deep models."""
+    from flax import nnx
+
+    Block = _gpt_block(dim, heads)
+
+    class GPT(nnx.Module):
+        def __init__(self, rngs):
+            self.embed, self.position = nnx.Embed(vocab, dim, rngs=rngs), nnx.Embed(seq, dim, rngs=rngs)
+
+            @nnx.split_rngs(splits=layers)
+            @nnx.vmap(in_axes=(0,), out_axes=0)
+            def blocks(rngs):
+                return Block(rngs)
+
+            self.blocks = blocks(rngs)
+            self.ln, self.head = nnx.LayerNorm(dim, rngs=rngs), nnx.Linear(dim, vocab, rngs=rngs)
+
+        def __call__(self, tokens):
+            x = self.embed(tokens) + self.position(jnp.arange(tokens.shape[1]))
+            mask = nnx.make_causal_mask(tokens)
+
+            @nnx.scan(in_axes=(nnx.Carry, 0), out_axes=nnx.Carry)
+            def run(x, block):
+                return block(x, mask)
+
+            return self.head(self.ln(run(x, self.blocks)))
+
+    loss, state, tokens = _next_token_model(GPT(nnx.Rngs(seed)), batch, seq, vocab, seed)
+    return Model(f"flax_scan_gpt{layers}x{dim}_s{seq}_b{batch}", loss, state, tokens)

@@ -130,6 +130,11 @@ def test_a_budget_no_plan_fits_raises_instead_of_exceeding():
     assert err.pinned_bytes >= sum(x.nbytes for x in leaves)
     with pytest.raises(jdtr.OutOfBudgetError):
         jax.jit(jdtr.remat_grad(m.loss, budget=0.05))(m.params, m.batch)
+    # It says which budget works: the smallest plan found, which a plan at that budget fits.
+    works = err.suggested_budget_bytes
+    assert works is not None and str(works) in str(err) and works > err.budget_bytes
+    plan = jdtr.plan(m.loss, m.params, m.batch, budget=works, autotune=False)
+    assert plan.compiled_bytes <= works
 
 
 @pytest.mark.parametrize("budget", [1.0, "4MiB"])

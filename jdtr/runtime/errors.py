@@ -62,12 +62,12 @@ class OutOfBudgetError(MemoryError):
         # what it evicted before this point, so their sum could fail again or sit
         # above a budget that works (issue 23). A planner adds one it verified (`suggest`).
 
-    def suggest(self, budget_bytes: int) -> "OutOfBudgetError":
+    def suggest(self, budget_bytes: int, verified_by: str = "simulating the run") -> "OutOfBudgetError":
         """Adds a budget verified to fit (`suggested_budget_bytes`) to the error and its message."""
         self.suggested_budget_bytes = int(budget_bytes)
         self.args = (
             f"{self.args[0]} A budget of {format_bytes(budget_bytes)} ({int(budget_bytes)} bytes) fits: "
-            "it was verified by simulating the run.",
+            f"it was verified by {verified_by}.",
         )
         return self
 

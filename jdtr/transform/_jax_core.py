@@ -79,6 +79,15 @@ def open_jaxpr(jaxpr: "Jaxpr | ClosedJaxpr") -> tuple[Jaxpr, list[Any]]:
     return jaxpr, []
 
 
+def jaxpr_function(closed: ClosedJaxpr):
+    """A closed jaxpr as a function of its inputs (returning its outputs), traceable by any transformation."""
+    try:
+        from jax.extend.core import jaxpr_as_fun
+    except ImportError:  # pragma: no cover - older JAX
+        from jax.core import jaxpr_as_fun
+    return jaxpr_as_fun(closed)
+
+
 def bind_params(eqn: JaxprEqn) -> tuple[tuple[Any, ...], dict[str, Any]]:
     """What `bind` takes besides the operands, as in `eval_jaxpr`: the leading
     sub-functions (none for a plain primitive) and the parameters. JAX 0.8
@@ -128,6 +137,37 @@ def is_batched(x: Any) -> bool:
 def is_tracer(x: Any) -> bool:
     """Whether `x` is a tracer of some transformation (jit, vmap, grad)."""
     return isinstance(x, jax.core.Tracer)
+
+
+def traced_sharding(x: Any) -> Optional[Any]:
+    """The sharding a tracer's type carries (a mesh with `Explicit` axes),
+    where the context sets that mesh (`jax.set_mesh`), so that a step can be
+    compiled for it; None where the type says nothing (`Auto` axes) or no
+    mesh is set (XLA cannot lower for an abstract mesh alone)."""
+    sharding = getattr(getattr(x, "aval", None), "sharding", None)
+    spec = getattr(sharding, "spec", None)
+    if spec is None or all(p is None for p in spec):
+        return None
+    get_abstract_mesh = getattr(jax.sharding, "get_abstract_mesh", None)
+    context = get_abstract_mesh() if get_abstract_mesh is not None else None
+    if context is None or getattr(context, "empty", True) or dict(context.shape) != dict(sharding.mesh.shape):
+        return None
+    return sharding
+
+
+def sharded_type(x: Any) -> bool:
+    """Whether a traced value's type says it is sharded (`Explicit` axes)."""
+    spec = getattr(getattr(getattr(x, "aval", None), "sharding", None), "spec", None)
+    return spec is not None and any(p is not None for p in spec)
+
+
+def traced_mesh_devices(x: Any) -> int:
+    """Devices of the mesh a tracer's type names (1 where it names none)."""
+    mesh = getattr(getattr(getattr(x, "aval", None), "sharding", None), "mesh", None)
+    try:
+        return int(mesh.size) if mesh is not None and not mesh.empty else 1
+    except (AttributeError, TypeError):
+        return 1
 
 
 def aval_of(x: Any) -> Any:

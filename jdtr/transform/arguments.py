@@ -85,10 +85,21 @@ def _abstract_spec(leaf: Any) -> Optional[jax.ShapeDtypeStruct]:
     """The spec of a leaf known by its shape alone (a tracer under jit or
     vmap, a `ShapeDtypeStruct`); None for a concrete leaf."""
     if _jax_core.is_tracer(leaf):
-        return jax.ShapeDtypeStruct(leaf.shape, leaf.dtype, weak_type=getattr(leaf.aval, "weak_type", False))
+        weak_type = getattr(leaf.aval, "weak_type", False)
+        return jax.ShapeDtypeStruct(leaf.shape, leaf.dtype, weak_type=weak_type, sharding=_jax_core.traced_sharding(leaf))
     if isinstance(leaf, jax.ShapeDtypeStruct):
-        return jax.ShapeDtypeStruct(leaf.shape, leaf.dtype, weak_type=leaf.weak_type)
+        return jax.ShapeDtypeStruct(leaf.shape, leaf.dtype, weak_type=leaf.weak_type, sharding=leaf.sharding)
     return None
+
+
+def unseen_mesh(args: tuple, kwargs: dict) -> int:
+    """Devices of a mesh that traced arguments are on but whose shardings
+    their types do not say (a mesh with `Auto` axes under `jax.jit`): a
+    plan for them sees whole arrays. 1 where there is none."""
+    leaves = jax.tree_util.tree_leaves((args, kwargs))
+    if any(_jax_core.is_tracer(leaf) and _jax_core.traced_sharding(leaf) is not None for leaf in leaves):
+        return 1
+    return max((_jax_core.traced_mesh_devices(leaf) for leaf in leaves if _jax_core.is_tracer(leaf)), default=1)
 
 
 def _check_device(leaf: Any, where: str, device: Optional[tuple[Any, str]]) -> Optional[tuple[Any, str]]:

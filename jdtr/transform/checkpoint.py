@@ -35,6 +35,7 @@ import jax.numpy as jnp
 from jax import lax
 from jax.ad_checkpoint import checkpoint_name
 
+from . import _jax_core
 from .program import Equation, Program, Value
 from .segments import NAME_PREFIX, SavePolicy, Segment, is_float
 
@@ -165,6 +166,16 @@ def _run_segment(
     env.update(zip(seg.outputs, outs))
 
 
+def _an_element(arrays: Sequence[Any]) -> Any:
+    """A scalar read from the smallest of `arrays`: its first element, or,
+    where its type says it is sharded (a mesh's `Explicit` axes, which may
+    not be sliced across shards), its maximum (a reduction to a scalar)."""
+    smallest = min(arrays, key=lambda a: a.size)
+    if _jax_core.sharded_type(smallest):
+        return jnp.max(smallest)
+    return jnp.ravel(smallest)[0]
+
+
 def _recomputes_a_convolution(program: Program, seg: Segment) -> bool:
     """Whether `seg` (its nested segments included) holds a convolution."""
     items = program.body[seg.start : seg.stop]
@@ -211,7 +222,7 @@ def _protected_checkpoint(
         if not leaves:  # no float output: nothing flows back
             grads = zeros(vjp_fn, cotangents)
         else:
-            leaf = jnp.ravel(leaves[0])[0]
+            leaf = _an_element(leaves)
             bits = lax.bitcast_convert_type(leaf.astype(jnp.float32), jnp.int32)
             undecided = (bits | 1) != 0  # always true; XLA cannot tell
             if gate == "select":

@@ -15,6 +15,7 @@ from ..runtime import format_bytes
 from .autotune import Timing
 from .checkpoint import run_segments
 from .program import Equation, Program, Value
+from .scans import KeptScan
 from .segments import NAME_PREFIX, SavePolicy, Segment
 
 
@@ -68,6 +69,8 @@ class Plan:
         recomputation of a segment holding a convolution by a taint and any
         other by a `lax.cond`; "cond" gates every one by a `lax.cond` (the
         planner's fallback where no tainted plan fits).
+      scans: the scans kept whole (`jdtr.transform.scans`): each runs outside
+        the segments, its iterations keeping what its strategy says.
     """
 
     budget_bytes: int
@@ -82,6 +85,7 @@ class Plan:
     timings: tuple[Timing, ...] = ()
     origin: str = "dtr"
     gate: str = "auto"  # how protected segments are gated (`checkpoint.GATES`)
+    scans: tuple[KeptScan, ...] = ()  # scans kept whole, outside the segments, each under its strategy
 
     @functools.cached_property
     def policy(self) -> SavePolicy:
@@ -133,6 +137,7 @@ class Plan:
         else:
             head = f"{len(self.segments)} segments, {simulation}"
         lines = [f"jdtr plan: budget {format_bytes(self.budget_bytes)}, {head}"]
+        lines.extend(kept.describe() for kept in self.scans)
         if self.compiled_bytes is not None:
             lines.append(
                 f"compiled step: {format_bytes(self.compiled_bytes)} (arguments + outputs + temporaries; "

@@ -7,7 +7,8 @@
   The stacked outputs (`ys`) stay a lazy list of per-iteration values, and a
   later scan that iterates over them reads the items directly, so a model
   whose layers sit in a scan gives DTR per-layer residuals instead of one
-  stacked tensor. A stack is only built if something else reads it.
+  stacked tensor. A stack is only built if something else reads it. For
+  scan-aware plans (`keep_scans`), a scan stays one equation instead.
 - `cond` stays structured: the runtime reads the predicate and runs only the
   branch taken.
 - Dead equations without effects are dropped.
@@ -31,6 +32,9 @@ from .program import Atom, Cond, Const, Equation, Item, Program, Value, liveness
 
 # Scans longer than this many unrolled equations run as one operator.
 MAX_UNROLLED_EQUATIONS = 200_000
+# With `keep_scans`, a scan of fewer iterations is still unrolled: DTR decides
+# per iteration, and the program stays small.
+MIN_KEPT_LENGTH = 4
 
 
 @dataclass(eq=False)
@@ -43,9 +47,10 @@ class _Stack:
 
 
 class _Normalizer:
-    def __init__(self, cost_model: CostModel):
+    def __init__(self, cost_model: CostModel, keep_scans: bool = False):
         self.ids = itertools.count()
         self.cost_model = cost_model
+        self.keep_scans = keep_scans
         self.consts: dict[int, tuple[Value, Any]] = {}
         self.names: dict[str, Any] = {}
         self.unrolled = 0
@@ -82,12 +87,21 @@ class _Normalizer:
         params: Optional[dict] = None,
         effects: bool = False,
         source: Optional[str] = None,
+        scan: Optional[dict] = None,
     ) -> list[Value]:
         outputs = tuple(self.new_value(a) for a in out_avals)
         args = [a for a in inputs if isinstance(a, Value)]
-        cost = self.cost(exe, name, params or {}, args, outputs)
-        body.append(Equation(name, tuple(inputs), outputs, exe.fn, cost, effects, source, exe.trace, exe))
+        cost = self.scan_cost(scan) if scan is not None else self.cost(exe, name, params or {}, args, outputs)
+        equation = Equation(name, tuple(inputs), outputs, exe.fn, cost, effects, source, exe.trace, exe, scan=scan)
+        body.append(equation)
         return list(outputs)
+
+    def scan_cost(self, params: dict) -> Optional[float]:
+        """A kept scan's cost: its body's, once per iteration."""
+        if self.cost_model == MEASURED:
+            return None
+        body = normalize(params["jaxpr"], self.cost_model, keep_scans=True)
+        return float(params["length"]) * max(body.simulated_cost(), 1.0)
 
     def cost(self, exe: Executable, name: str, params: dict, args: Sequence[Value], outputs: Sequence[Value]):
         if self.cost_model == MEASURED:
@@ -171,6 +185,13 @@ class _Normalizer:
         if call is not None:
             inner, consts = call
             outs = self.inline(body, inner, consts, [self.lazy(env, a) for a in eqn.invars])
+        elif name == "scan" and self.keeps(eqn):
+            inputs = [self.read(body, env, a) for a in eqn.invars]
+            exe = primitive_executable(eqn, inputs)
+            outs = self.emit(
+                body, name, inputs, [v.aval for v in eqn.outvars], exe, params=eqn.params,
+                effects=_jax_core.has_effects(eqn), source=_jax_core.source_line(eqn), scan=dict(eqn.params),
+            )
         elif name == "scan" and self.can_unroll(eqn):
             outs = self.unroll_scan(body, env, eqn)
         elif name == "cond":
@@ -201,6 +222,15 @@ class _Normalizer:
         return env[atom]
 
     # ------------------------------------------------------------------ scan
+
+    def keeps(self, eqn: Any) -> bool:
+        """Whether a scan stays one equation (`keep_scans`, for scan-aware plans)."""
+        return (
+            self.keep_scans
+            and {"length", "num_consts", "num_carry", "reverse", "jaxpr"} <= eqn.params.keys()
+            and eqn.params["length"] >= MIN_KEPT_LENGTH
+            and not _jax_core.has_effects(eqn)
+        )
 
     def can_unroll(self, eqn: Any) -> bool:
         if not {"length", "num_consts", "num_carry", "reverse", "jaxpr"} <= eqn.params.keys():
@@ -285,9 +315,12 @@ def dead_code_elimination(body: list[Item], outputs: Sequence[Atom]) -> list[Ite
     return kept
 
 
-def normalize(closed_jaxpr: Any, cost_model: CostModel = None) -> Program:
-    """The `Program` of a closed jaxpr: inputs are its invars, in order."""
-    n = _Normalizer(cost_model)
+def normalize(closed_jaxpr: Any, cost_model: CostModel = None, keep_scans: bool = False) -> Program:
+    """The `Program` of a closed jaxpr: inputs are its invars, in order.
+
+    With `keep_scans`, a scan of at least `MIN_KEPT_LENGTH` iterations stays
+    one equation (its `scan` field holds its parameters; `scans.py`)."""
+    n = _Normalizer(cost_model, keep_scans)
     jaxpr, consts = _jax_core.open_jaxpr(closed_jaxpr)
     inputs = tuple(n.new_value(v.aval) for v in jaxpr.invars)
     body: list[Item] = []

@@ -32,21 +32,23 @@ import functools
 import warnings
 import weakref
 from dataclasses import dataclass
-from typing import Any, Callable, Optional, Sequence, Union
+from typing import Any, Callable, Iterator, Optional, Sequence, Union
 
 import jax
 
 from ..budget import BudgetLike, parse_budget
 from ..offline import run
 from ..runtime import Heuristic, Observer, OutOfBudgetError, format_bytes, get_heuristic
-from .arguments import Arguments, argnums_tuple, concrete_leaves, flatten_arguments
+from .arguments import Arguments, argnums_tuple, concrete_leaves, flatten_arguments, unseen_mesh
 from .autotune import Timing, can_autotune, example_inputs, median_step_seconds
 from .checkpoint import gates_differ, named_forward, run_segments
 from .checkpoint_plan import Plan, layout
 from .compiled import compile_all, compiled_bytes, lower
+from .devices import DeviceScale, device_scale, is_sharded, unsharded
 from .lowering import simulation
 from .normalize import normalize
 from .program import Equation, Program, Value
+from .scans import STRATEGIES, KeptScan, ScanMemory, ScanStrategy, kept_scans, scan_memory, with_strategy
 from .segments import NAME_PREFIX, fixed_bytes, predicted_bytes, segments, uniform_segments
 
 
@@ -84,10 +86,10 @@ class Config:
         return jax.tree_util.tree_unflatten(self.out_tree, outs)
 
 
-def _forward_program(fun: Callable, arguments: Arguments) -> tuple[Program, Any]:
-    """The forward function's normalised program; inputs are the traced leaves."""
+def _forward_program(fun: Callable, arguments: Arguments) -> tuple[Any, Program, Any]:
+    """The forward function's jaxpr and normalised program (scans kept); inputs are the traced leaves."""
     closed, out_shape = jax.make_jaxpr(arguments.bind(fun), return_shape=True)(*arguments.traced_specs)
-    return normalize(closed), jax.tree_util.tree_structure(out_shape)
+    return closed, normalize(closed, keep_scans=True), jax.tree_util.tree_structure(out_shape)
 
 
 # ------------------------------------------------------------ simulation
@@ -143,10 +145,13 @@ def _plan_for(planning: Planning, sim_budget: int, target: float, heuristic, max
     simulated, rematerialized = simulations[sim_budget]
     saved = {fwd_value for fwd_value, vg_value in planning.reads.items() if vg_value not in rematerialized}
     gradient_bytes = planning.gradient_bytes
-    cut = segments(forward, saved, planning.residuals, target, gradient_bytes, max_depth)
+    scans = planning.scan_memory
+    cut = segments(forward, saved, planning.residuals, target, gradient_bytes, max_depth, scans)
     saved_all = frozenset(saved | {v for s in cut for v in s.inputs})
-    predicted = predicted_bytes(forward, cut, gradient_bytes)
-    return Plan(0, cut, saved_all, simulated, forward, planning.config, predicted_bytes=predicted)
+    predicted = predicted_bytes(forward, cut, gradient_bytes, scans)
+    return Plan(
+        0, cut, saved_all, simulated, forward, planning.config, predicted_bytes=predicted, scans=planning.kept_scans
+    )
 
 
 def uniform_plan(planning: "Planning", base: Plan) -> Plan:
@@ -170,7 +175,7 @@ def _value_and_grad_program(config: Config, forward: Program) -> Program:
 
     arguments = config.arguments
     vg = jax.value_and_grad(scalar, arguments.traced_argnums, has_aux=config.has_aux)
-    return normalize(jax.make_jaxpr(vg)(*arguments.traced_specs))
+    return normalize(jax.make_jaxpr(vg)(*arguments.traced_specs), keep_scans=True)
 
 
 @dataclass(eq=False)
@@ -186,6 +191,46 @@ class Planning:
     unconstrained: int
     simulations: dict = dataclasses.field(default_factory=dict)
     executables: dict = dataclasses.field(default_factory=dict)
+    strategy: ScanStrategy = ScanStrategy()  # how its kept scans run (`scans.py`)
+    kept_scans: tuple[KeptScan, ...] = ()
+    strategies: dict = dataclasses.field(default_factory=dict)  # the same step under other scan strategies
+    traced: Any = None  # the forward's jaxpr, to unroll its scans where no strategy fits
+    scale: Optional[DeviceScale] = None  # sharded arguments: bytes per device against the model's
+
+    @property
+    def scan_memory(self) -> dict[int, ScanMemory]:
+        return {k.position: k.memory for k in self.kept_scans}
+
+    def under(self, strategy: ScanStrategy) -> "Planning":
+        """This planning with its kept scans run under `strategy` (programs
+        traced again: the value-and-grad keeps what the strategy keeps)."""
+        found = self.strategies.get(strategy)
+        if found is None:
+            forward = with_strategy(self.forward, strategy) if strategy != self.strategy else self.forward
+            kept = tuple(
+                KeptScan(i, eq, strategy, scan_memory(self.forward.body[i], strategy))
+                for i, eq in kept_scans(forward).items()
+            )
+            vg = _value_and_grad_program(self.config, forward) if strategy != self.strategy else self.vg
+            found = Planning(
+                self.config, forward, vg, self.unconstrained, strategy=strategy, kept_scans=kept, scale=self.scale
+            )
+            self.strategies[strategy] = found
+        return found
+
+    def scan_levels(self) -> Iterator["Planning"]:
+        """This step under each scan strategy, least recompute first, then
+        with its scans unrolled (DTR deciding per iteration, as before scans
+        were kept); itself alone without kept scans."""
+        if not kept_scans(self.forward):
+            yield self
+            return
+        yield from (self.under(strategy) for strategy in STRATEGIES)
+        if "unrolled" not in self.strategies:
+            forward = normalize(self.traced)
+            vg = _value_and_grad_program(self.config, forward)
+            self.strategies["unrolled"] = Planning(self.config, forward, vg, self.unconstrained, scale=self.scale)
+        yield self.strategies["unrolled"]
 
     @functools.cached_property
     def reads(self) -> dict[Value, Value]:
@@ -200,6 +245,13 @@ class Planning:
     @functools.cached_property
     def residuals(self) -> set[Value]:
         return set(self.reads)
+
+    @property
+    def fixed_device_bytes(self) -> int:
+        """The arguments, constants and gradients on one device (whole on one device)."""
+        if self.scale is not None:
+            return self.scale.fixed_device
+        return fixed_bytes(self.forward, self.gradient_bytes)
 
     @functools.cached_property
     def gradient_bytes(self) -> int:
@@ -238,11 +290,20 @@ def _planning_for(fun, argnums, has_aux, heuristic, implementation, arguments: A
     if found is not None:
         entries.move_to_end(key)
         return found
-    forward, out_tree = _forward_program(fun, arguments)
+    traced, forward, out_tree = _forward_program(fun, arguments)
     config = Config(argnums, has_aux, arguments, out_tree, implementation)
     vg = _value_and_grad_program(config, forward)
     plain = arguments.bind(jax.grad(fun, argnums, has_aux))
-    planning = Planning(config, forward, vg, compiled_bytes(plain, arguments.traced_specs))
+    specs = arguments.traced_specs
+    unconstrained = compiled_bytes(plain, specs)
+    scale = None
+    if is_sharded(specs):  # a budget per device: how the model's whole values map to one device's bytes
+        whole = compiled_bytes(plain, [unsharded(spec) for spec in specs])
+        differentiated = set(arguments.traced_argnums)
+        consts = sum(v.nbytes for v, _ in forward.consts)
+        flags = [i in differentiated for i in range(len(specs))]
+        scale = device_scale(specs, flags, consts, unconstrained, whole)
+    planning = Planning(config, forward, vg, unconstrained, traced=traced, scale=scale)
     if entries is not None:
         entries[key] = planning
         while len(entries) > PLANNING_CACHE_SIZE:
@@ -268,78 +329,35 @@ def make_plan(
     budget_spec = parse_budget(budget)
     get_heuristic(heuristic)
     _, arguments = flatten_arguments(argnums, args, kwargs, eager=False)
-    planning = _planning_for(fun, argnums, has_aux, heuristic, implementation, arguments)
-    forward, unconstrained = planning.forward, planning.unconstrained
+    devices = unseen_mesh(args, kwargs)
+    if devices > 1:
+        warnings.warn(
+            f"jdtr: the arguments are traced over a mesh of {devices} devices whose shardings their types do not "
+            "carry (axes of type Auto under jax.jit), so the plan counts whole arrays, not bytes per device. "
+            "Make the plan on the sharded arrays themselves (jdtr.plan(loss, *args), then jax.jit(plan.grad)), "
+            "or trace over a mesh with Explicit axes set as the context's (jax.make_mesh, jax.set_mesh).",
+            stacklevel=3,
+        )
+    base = _planning_for(fun, argnums, has_aux, heuristic, implementation, arguments)
+    unconstrained = base.unconstrained
     target = budget_spec.resolve(unconstrained)
-    sim_peak = planning.vg.unconstrained_peak()
     if unconstrained <= target:
         # `jax.grad` itself fits: nothing to recompute, and no plan is faster.
-        return _without_remat(planning, target, sim_peak, heuristic)
-    best = chosen = None
-    effective_target = float(target)
-    tried: set = set()
-    compiled: list[tuple[Plan, Any]] = []  # every plan measured, with its executable
-    fallback: Optional[Plan] = None  # a plan gated by conds that fits (`checkpoint.GATES`)
-
-    def record(candidate: Plan, executable_and_bytes: tuple[Any, int]) -> Plan:
-        executable, nbytes = executable_and_bytes
-        measured = dataclasses.replace(
-            candidate, budget_bytes=target, compiled_bytes=nbytes, unconstrained_compiled_bytes=unconstrained
-        )
-        compiled.append((measured, executable))
-        return measured
-
-    for _ in range(max_attempts):
-        plan = _search_simulated_budget(planning, sim_peak, effective_target, heuristic)
-        if plan is None:
+        return _without_remat(base, target, heuristic)
+    # Kept scans: the strategies in turn, least recompute first, until one fits.
+    searches: list[_Search] = []
+    for planning in base.scan_levels():
+        search = _Search(planning, target, heuristic, implementation)
+        searches.append(search)
+        chosen = search.run(max_attempts)
+        if chosen is not None:
             break
-        if layout(plan) in tried:
-            break  # asking for less no longer changes the plan: nothing better to find
-        tried.add(layout(plan))
-        plan = record(plan, planning.compile([plan])[0])
-        if plan.compiled_bytes > target and fallback is None and gates_differ(forward, plan.segments, implementation):
-            # The taint keeps convolutions fast but may cost XLA copies: the
-            # same segments gated by conds, kept in case no tainted plan fits.
-            gated = dataclasses.replace(plan, gate="cond", compiled_bytes=None)
-            tried.add(layout(gated))
-            gated = record(gated, planning.compile([gated])[0])
-            if gated.compiled_bytes <= target:
-                fallback = gated
-            if best is None or gated.compiled_bytes < best.compiled_bytes:
-                best = gated
-        if best is None or plan.compiled_bytes < best.compiled_bytes:
-            best = plan
-        if plan.compiled_bytes <= target:
-            chosen = plan
-            break
-        # XLA needed more than the plan's memory model predicted: plan for
-        # proportionally less.
-        effective_target *= target / plan.compiled_bytes * 0.97
-    if chosen is None:  # within the budget first, else within the slack
-        chosen = fallback
-    if chosen is None and best is not None and best.compiled_bytes <= target * (1 + PLAN_SLACK):
-        chosen = best
-    if chosen is None:
-        # No plan fits: say so rather than hand back a step over the budget.
-        fixed = fixed_bytes(forward, planning.gradient_bytes)
-        if fixed >= target:
-            raise _arguments_exceed(fixed, int(target), unconstrained)
-        needed = unconstrained if best is None else best.compiled_bytes
-        source = "the smallest checkpoint plan found" if best is not None else None
-        if implementation == "checkpoint" and jax.default_backend() == "cpu":
-            source = (
-                'the smallest plan found with implementation="checkpoint" (XLA on the CPU removes '
-                'checkpoint barriers and merges the recomputation away; use implementation="auto")'
-            )
-        raise OutOfBudgetError(
-            needed_bytes=max(needed - fixed, 0),
-            free_bytes=max(int(target) - fixed, 0),
-            pinned_bytes=fixed,
-            locked_bytes=0,
-            budget_bytes=int(target),
-            op_name="the compiled step",
-            source=source,
-        )
+    else:  # none within the budget: the first within the slack
+        slack = [s for s in searches if s.within_slack()]
+        if not slack:
+            raise searches[-1].error()
+        search = slack[0]
+        planning, chosen = search.planning, search.best
     if autotune is False:
         return chosen
     structs = arguments.traced_specs
@@ -354,15 +372,16 @@ def make_plan(
     # are lowered first, then compiled side by side.
     candidates = []
     for scale in AUTOTUNE_SCALES:
-        plan = _search_simulated_budget(planning, sim_peak, effective_target * scale, heuristic, steps=6)
-        if plan is not None and layout(plan) not in tried:
-            tried.add(layout(plan))
+        plan = _search_simulated_budget(planning, search.sim_peak, search.effective_target * scale, heuristic, steps=6)
+        if plan is not None and layout(plan) not in search.tried:
+            search.tried.add(layout(plan))
             candidates.append(plan)
-    uniform = uniform_plan(planning, chosen)
-    if uniform.predicted_bytes <= effective_target and layout(uniform) not in tried:
-        candidates.append(uniform)
+    if not planning.kept_scans:  # (uniform segments would cut through a kept scan's neighbours alone)
+        uniform = uniform_plan(planning, chosen)
+        if uniform.predicted_bytes <= search.effective_target and layout(uniform) not in search.tried:
+            candidates.append(uniform)
     for candidate, executable_and_bytes in zip(candidates, planning.compile(candidates)):
-        record(candidate, executable_and_bytes)
+        search.record(candidate, executable_and_bytes)
     # The steps are timed on the caller's own arrays where they are concrete:
     # example inputs would sit on the device beside them, and a candidate
     # within the budget plus a second copy of the arguments is not (on an
@@ -374,7 +393,7 @@ def make_plan(
         inputs = example_inputs(structs)
         copies = sum(int(x.nbytes) for x in inputs)
     limit = max(target, chosen.compiled_bytes)
-    fitting = [(plan, executable) for plan, executable in compiled if plan.compiled_bytes + copies <= limit]
+    fitting = [(plan, executable) for plan, executable in search.compiled if plan.compiled_bytes + copies <= limit]
     if not fitting:
         return chosen  # none can run beside the copy within the budget: chosen by memory
     seconds = median_step_seconds([executable for _, executable in fitting], inputs)
@@ -388,8 +407,96 @@ def make_plan(
     return dataclasses.replace(fitting[fastest][0], timings=timings)
 
 
-def _without_remat(planning: Planning, target: float, sim_peak: int, heuristic) -> Plan:
+class _Search:
+    """The search for a plan of one planning (one scan strategy) that fits
+    `target`: DTR's plan at a simulated budget, compiled and measured, then
+    for proportionally less where XLA needed more than predicted."""
+
+    def __init__(self, planning: Planning, target: float, heuristic, implementation: str):
+        self.planning, self.target, self.heuristic, self.implementation = planning, target, heuristic, implementation
+        self.sim_peak = planning.vg.unconstrained_peak()
+        # What the plan's memory model must fit (whole values; `devices.py` where sharded).
+        self.effective_target = planning.scale.to_model(target) if planning.scale else float(target)
+        self.tried: set = set()
+        self.compiled: list[tuple[Plan, Any]] = []  # every plan measured, with its executable
+        self.best: Optional[Plan] = None
+
+    def record(self, candidate: Plan, executable_and_bytes: tuple[Any, int]) -> Plan:
+        executable, nbytes = executable_and_bytes
+        measured = dataclasses.replace(
+            candidate, budget_bytes=self.target, compiled_bytes=nbytes,
+            unconstrained_compiled_bytes=self.planning.unconstrained,
+        )
+        self.compiled.append((measured, executable))
+        if self.best is None or measured.compiled_bytes < self.best.compiled_bytes:
+            self.best = measured
+        return measured
+
+    def measure(self, plan: Plan) -> Plan:
+        self.tried.add(layout(plan))
+        return self.record(plan, self.planning.compile([plan])[0])
+
+    def run(self, max_attempts: int) -> Optional[Plan]:
+        """The plan within the budget, or None."""
+        planning, target = self.planning, self.target
+        fallback: Optional[Plan] = None  # a plan gated by conds that fits (`checkpoint.GATES`)
+        for _ in range(max_attempts):
+            plan = _search_simulated_budget(planning, self.sim_peak, self.effective_target, self.heuristic)
+            if plan is None or layout(plan) in self.tried:
+                break  # asking for less no longer changes the plan: nothing better to find
+            plan = self.measure(plan)
+            if plan.compiled_bytes <= target:
+                return plan
+            if fallback is None and gates_differ(planning.forward, plan.segments, self.implementation):
+                # The taint keeps convolutions fast but may cost XLA copies: the
+                # same segments gated by conds, kept in case no tainted plan fits.
+                gated = self.measure(dataclasses.replace(plan, gate="cond", compiled_bytes=None))
+                if gated.compiled_bytes <= target:
+                    fallback = gated
+            # XLA needed more than the plan's memory model predicted: plan for
+            # proportionally less.
+            if planning.scale is not None:
+                self.effective_target = planning.scale.shrink(self.effective_target, target, plan.compiled_bytes)
+            else:
+                self.effective_target *= target / plan.compiled_bytes * 0.97
+        return fallback
+
+    def within_slack(self) -> bool:
+        return self.best is not None and self.best.compiled_bytes <= self.target * (1 + PLAN_SLACK)
+
+    def error(self) -> OutOfBudgetError:
+        """No plan fits: say so rather than hand back a step over the budget,
+        with the smallest plan's bytes as a budget that works."""
+        planning, target, best = self.planning, int(self.target), self.best
+        fixed = planning.fixed_device_bytes
+        if fixed >= target:
+            error = _arguments_exceed(fixed, target, planning.unconstrained, planning.scale is not None)
+        else:
+            needed = planning.unconstrained if best is None else best.compiled_bytes
+            source = "the smallest checkpoint plan found" if best is not None else None
+            if self.implementation == "checkpoint" and jax.default_backend() == "cpu":
+                source = (
+                    'the smallest plan found with implementation="checkpoint" (XLA on the CPU removes '
+                    'checkpoint barriers and merges the recomputation away; use implementation="auto")'
+                )
+            error = OutOfBudgetError(
+                needed_bytes=max(needed - fixed, 0),
+                free_bytes=max(target - fixed, 0),
+                pinned_bytes=fixed,
+                locked_bytes=0,
+                budget_bytes=target,
+                op_name="the compiled step",
+                source=source,
+            )
+        if best is not None:
+            per_device = " per device" if planning.scale is not None else ""
+            error.suggest(best.compiled_bytes, f"compiling the smallest plan found (XLA's bytes{per_device})")
+        return error
+
+
+def _without_remat(planning: Planning, target: float, heuristic) -> Plan:
     """The plan that recomputes nothing: `jax.grad`'s own step (no segments)."""
+    sim_peak = planning.vg.unconstrained_peak()
     simulated = run(planning.workload, max(sim_peak, 1), heuristic)
     return Plan(
         int(target),
@@ -405,18 +512,20 @@ def _without_remat(planning: Planning, target: float, sim_peak: int, heuristic) 
     )
 
 
-def _arguments_exceed(fixed: int, target: int, unconstrained: int) -> OutOfBudgetError:
+def _arguments_exceed(fixed: int, target: int, unconstrained: int, per_device: bool = False) -> OutOfBudgetError:
     """The error for a budget that the step's arguments and gradients alone
     exceed: no recomputation can help, and the message says so in those terms."""
     error = OutOfBudgetError(
         needed_bytes=fixed, free_bytes=0, pinned_bytes=fixed, locked_bytes=0, budget_bytes=target,
         op_name="the compiled step's arguments and gradients",
     )
+    device = " per device" if per_device else ""
     error.args = (
-        f"the step's arguments and gradients alone take {format_bytes(fixed)} ({fixed} bytes), more than "
-        f"the budget of {format_bytes(target)} ({target} bytes): no plan can fit, since recomputation "
-        f"only frees intermediate values. (A budget counts the whole compiled step, arguments, outputs "
-        f"and temporaries; `jax.grad` without remat compiles to {format_bytes(unconstrained)}.)",
+        f"the step's arguments and gradients alone take {format_bytes(fixed)} ({fixed} bytes){device}, more "
+        f"than the budget of {format_bytes(target)} ({target} bytes){device}: no plan can fit, since "
+        f"recomputation only frees intermediate values. (A budget counts the whole compiled step, arguments, "
+        f"outputs and temporaries; `jax.grad` without remat compiles to {format_bytes(unconstrained)}{device}"
+        f"{'; a budget of at least ' + format_bytes(fixed + 1) + ' per device is needed' if per_device else ''}.)",
     )
     return error
 
@@ -450,6 +559,11 @@ def _search_simulated_budget(
                 hi = mid
         if fitting is not None:
             return fitting
+    if smallest is None:
+        # DTR ran out of memory at every budget tried below the peak (kept
+        # scans are single operators, with their residuals as one tensor):
+        # the segments alone, cut from the unconstrained run, may still fit.
+        return _plan_for(planning, max(int(sim_peak), 1), target, heuristic, 3)
     return smallest
 
 

@@ -63,6 +63,7 @@ class Equation:
     trace: Optional[Callable[..., list[Any]]] = None
     executable: Any = None  # the `Executable` `fn` calls, for XLA's analyses
     workspace: int = 0  # bytes XLA takes beside inputs and outputs while it runs (`assign_workspaces`)
+    scan: Optional[dict] = None  # a scan kept whole (`scans.py`): its jaxpr equation's parameters
 
     @functools.cached_property
     def args(self) -> tuple[Value, ...]:

@@ -5,9 +5,11 @@ from __future__ import annotations
 import functools
 from typing import Callable, Hashable, Optional, Sequence, Union
 
+import jax
+
 from ..budget import BudgetLike, parse_budget
 from ..runtime import Heuristic, get_heuristic
-from .arguments import argnums_tuple, flatten_arguments
+from .arguments import Static, argnums_tuple, concrete_leaves, flatten_arguments
 from .batched import batched_call, under_vmap
 from .checkpoint_plan import Plan
 from .planning import IMPLEMENTATIONS, make_plan
@@ -79,9 +81,13 @@ class _RematGrad:
         self.budget, self.heuristic, self.implementation, self.value = budget, heuristic, implementation, value
         self.autotune = autotune
         self.plans: dict[Hashable, Plan] = {}
+        self.steps: dict[Hashable, Callable] = {}  # per argument structure, the plan's step under jit (eager calls)
         functools.update_wrapper(self, fun)
 
     def plan_for(self, *args, **kwargs) -> Plan:
+        return self._plan_and_key(args, kwargs)[0]
+
+    def _plan_and_key(self, args, kwargs) -> tuple[Plan, Hashable]:
         _, arguments = flatten_arguments(self.argnums, args, kwargs, eager=False)
         key = arguments.key
         found = self.plans.get(key)
@@ -93,13 +99,26 @@ class _RematGrad:
                 self.implementation, self.autotune,
             )
             self.plans[key] = found
-        return found
+        # Arrays alone (no tracer, no static value a jit would trace) can run the compiled step.
+        eager = concrete_leaves(arguments, args, kwargs) is not None and not any(
+            isinstance(spec, Static) for spec in arguments.specs
+        )
+        return found, (key if eager else None)
 
     def __call__(self, *args, **kwargs):
         if under_vmap(args, kwargs):  # plan the batched step (`batched`), not one example's
             return batched_call(self, args, kwargs)
-        plan = self.plan_for(*args, **kwargs)
-        return plan.value_and_grad(*args, **kwargs) if self.value else plan.grad(*args, **kwargs)
+        plan, eager = self._plan_and_key(args, kwargs)
+        step = plan.value_and_grad if self.value else plan.grad
+        if eager is None:  # under a transformation: the caller's trace compiles it
+            return step(*args, **kwargs)
+        # Called on arrays: the step the plan measured, compiled (for the
+        # arrays' placement), not run operation by operation, whose memory
+        # and speed the plan says nothing about.
+        jitted = self.steps.get(eager)
+        if jitted is None:
+            jitted = self.steps[eager] = jax.jit(step)
+        return jitted(*args, **kwargs)
 
 
 def remat_grad(

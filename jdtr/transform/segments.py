@@ -13,12 +13,13 @@ from __future__ import annotations
 import dataclasses
 import functools
 from dataclasses import dataclass
-from typing import Optional, Sequence
+from typing import Mapping, Optional, Sequence
 
 import jax.numpy as jnp
 import numpy as np
 
 from .program import Equation, Program, Value, definitions, last_reads
+from .scans import ScanMemory
 
 
 NAME_PREFIX = "jdtr:"
@@ -127,12 +128,16 @@ def _free_to_cross(v: Value, saved: set) -> bool:
     return v in saved or (not is_float(v) and v.nbytes <= 1024)
 
 
-def _cut_positions(program: Program, crossings: _Crossings, saved: set, residuals: set, cap: float) -> list[int]:
+def _cut_positions(
+    program: Program, crossings: _Crossings, saved: set, residuals: set, cap: float, scans: Mapping = {}
+) -> list[int]:
     """DTR's persistent checkpoints as cuts, plus cuts that keep every segment's
-    recomputation under `cap` bytes (at the cheapest crossing in reach)."""
+    recomputation under `cap` bytes (at the cheapest crossing in reach), and
+    cuts around every kept scan (which runs outside the segments)."""
     body = program.body
     n = len(body)
     cuts = [i for i in range(1, n) if all(_free_to_cross(v, saved) for v in crossings.live[i])]
+    cuts = sorted(set(cuts) | {j for i in scans for j in (i, i + 1) if 0 < j < n})
     extra = functools.lru_cache(maxsize=None)(lambda i: _crossing_bytes(crossings, i, saved))
     result, bounds = [], [0, *cuts, n]
     for start, stop in zip(bounds[:-1], bounds[1:]):
@@ -183,12 +188,12 @@ def _segment(
 
 
 def _build_segments(
-    program: Program, crossings: _Crossings, saved: set, residuals: set, cuts: Sequence[int]
+    program: Program, crossings: _Crossings, saved: set, residuals: set, cuts: Sequence[int], scans: Mapping = {}
 ) -> tuple[Segment, ...]:
     bounds = [0, *cuts, len(program.body)]
     segments = []
     for start, stop in zip(bounds[:-1], bounds[1:]):
-        if start < stop:
+        if start < stop and not (stop == start + 1 and start in scans):  # a kept scan runs outside
             segments.append(_segment(program, crossings, saved, residuals, start, stop, len(segments)))
     return tuple(segments)
 
@@ -226,13 +231,23 @@ def _transient_bytes(seg: Segment, kept: frozenset) -> int:
     return sum(v.nbytes for v in inner) + max(_transient_bytes(c, nested) for c in seg.children)
 
 
-def predicted_bytes(program: Program, segments: Sequence[Segment], gradient_bytes: int) -> int:
+def predicted_bytes(
+    program: Program, segments: Sequence[Segment], gradient_bytes: int, scans: Optional[Mapping[int, ScanMemory]] = None
+) -> int:
     """A model of the compiled step: arguments and gradients, every value kept
-    for the backward pass, and the largest segment's transient values."""
+    for the backward pass, and the largest segment's transient values. A kept
+    scan (`scans`, by position; outside every segment) keeps its inputs and
+    what its strategy keeps, and holds its transient bytes in its backward pass."""
+    scans = scans or {}
+    scan_inputs = (v for i in scans for v in program.body[i].args if is_float(v))
     kept = frozenset(v for s in segments for v in (*s.inputs, *s.saved) if v not in program.inputs)
+    kept |= frozenset(v for v in scan_inputs if v not in program.inputs)
     base = frozenset(program.inputs) | kept
-    transient = max((_transient_bytes(s, base) for s in segments), default=0)
-    return fixed_bytes(program, gradient_bytes) + sum(v.nbytes for v in kept) + transient
+    transient = max(
+        (*(_transient_bytes(s, base) for s in segments), *(m.transient for m in scans.values())), default=0
+    )
+    scan_kept = sum(m.kept for m in scans.values())
+    return fixed_bytes(program, gradient_bytes) + sum(v.nbytes for v in kept) + scan_kept + transient
 
 
 def _recompute_cost(program: Program, seg: Segment) -> float:
@@ -270,7 +285,7 @@ def _branchings(count: int, depth: int) -> list[int]:
 
 def segments(
     program: Program, saved: set[Value], residuals: set[Value], target_bytes: float, gradient_bytes: int,
-    max_depth: int = 1,
+    max_depth: int = 1, scans: Optional[Mapping[int, ScanMemory]] = None,
 ) -> tuple[Segment, ...]:
     """Cuts the forward body into checkpoint segments.
 
@@ -288,19 +303,26 @@ def segments(
 
     Of the candidates (caps x nestings), the least predicted recompute
     among those whose predicted memory fits the target; else the smallest.
+
+    Kept scans (`scans`, by position, with what their strategy keeps) run
+    outside every segment: cuts fall on both sides of them, and segments do
+    not nest across them.
     """
+    scans = scans or {}
+    if scans:
+        max_depth = 1
     crossings = _crossings(program)
     total = sum(v.nbytes for v in residuals)
     candidates, seen = [], set()
     cap = float(total) + 1
     while cap >= 1:
-        cuts = tuple(_cut_positions(program, crossings, saved, residuals, cap))
+        cuts = tuple(_cut_positions(program, crossings, saved, residuals, cap, scans))
         cap /= 2
         if cuts in seen:
             continue
         seen.add(cuts)
-        leaves = _build_segments(program, crossings, saved, residuals, cuts)
-        if predicted_bytes(program, leaves, gradient_bytes) <= target_bytes:
+        leaves = _build_segments(program, crossings, saved, residuals, cuts, scans)
+        if predicted_bytes(program, leaves, gradient_bytes, scans) <= target_bytes:
             return leaves  # the largest cap that fits: the fewest cuts
         candidates.append(leaves)
     fitting, smallest, memo = None, None, {}
@@ -315,7 +337,7 @@ def segments(
                     cost = sum(_recompute_cost(program, seg) for seg in segments)
                     if fitting is None or cost < fitting[0]:
                         fitting = (cost, segments)
-    flat = min(((predicted_bytes(program, c, gradient_bytes), c) for c in candidates), key=lambda c: c[0])
+    flat = min(((predicted_bytes(program, c, gradient_bytes, scans), c) for c in candidates), key=lambda c: c[0])
     if fitting is not None:
         return fitting[1]
     return min(smallest, flat, key=lambda c: c[0])[1] if smallest is not None else flat[1]

@@ -1,0 +1,97 @@
+"""`jdtr.plan` on sharded arguments: compiled bytes per device on a CPU mesh.
+
+Runs on 8 host CPU devices (it sets `XLA_FLAGS` itself, before JAX starts).
+For each model, mesh and budget: XLA's bytes per device of the planned step
+(`memory_analysis()` of the partitioned program) against the budget and
+against `jax.jit(jax.grad)`'s bytes per device, and the largest gradient
+difference from `jax.grad`. Step times mean little on a 2-core machine
+running 8 devices, so there are none.
+
+    python benchmarks/sharded_benchmark.py --output docs/benchmarks.md
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import os
+import sys
+
+os.environ["XLA_FLAGS"] = os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8"
+
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+from jax.sharding import AxisType, NamedSharding, PartitionSpec as P  # noqa: E402
+
+import jdtr  # noqa: E402
+from jdtr import models  # noqa: E402
+
+sys.path.insert(0, __file__.rsplit("/", 1)[0])
+from grad_benchmark import machine  # noqa: E402
+
+MODELS = {
+    "mlp16x256_b8192": lambda: models.mlp_chain(16, 256, 8192),
+    "mlp48x32_b4096": lambda: models.mlp_chain(48, 32, 4096),
+}
+MESHES = {
+    "data 8": ((8,), ("data",), P()),
+    "data 2 x model 4": ((2, 4), ("data", "model"), P(None, "model")),
+}
+
+
+def per_device(fn, *args) -> int:
+    a = jax.jit(fn).lower(*args).compile().memory_analysis()
+    return a.argument_size_in_bytes + a.output_size_in_bytes + a.temp_size_in_bytes - a.alias_size_in_bytes
+
+
+def rows(model_name: str, ratios) -> list[str]:
+    m = MODELS[model_name]()
+    single = per_device(jax.grad(m.loss), m.params, m.batch)
+    out = []
+    for mesh_name, (shape, names, weights) in MESHES.items():
+        mesh = jax.make_mesh(shape, names, axis_types=(AxisType.Auto,) * len(shape))
+        params = jax.device_put(m.params, NamedSharding(mesh, weights))
+        x = jax.device_put(m.batch, NamedSharding(mesh, P("data")))
+        full = per_device(jax.grad(m.loss), params, x)
+        reference = jax.jit(jax.grad(m.loss))(params, x)
+        for ratio in ratios:
+            try:
+                plan = jdtr.plan(m.loss, params, x, budget=ratio, autotune=False)
+            except jdtr.OutOfBudgetError as err:
+                why = "the arguments and gradients alone exceed it" if "alone" in str(err) else "no plan fits"
+                works = err.suggested_budget_bytes
+                smallest = f"; the smallest plan found: {works / 2**20:.2f} MiB ({works / full:.3f})" if works else ""
+                out.append(f"| {model_name} | {mesh_name} | {ratio} | {full / 2**20:.2f} | {why}{smallest} | | | |")
+                continue
+            grads = jax.jit(plan.grad)(params, x)
+            error = max(float(jnp.max(jnp.abs(a - b))) for a, b in zip(grads, reference))
+            out.append(
+                f"| {model_name} | {mesh_name} | {ratio} | {full / 2**20:.2f} | {plan.compiled_bytes / 2**20:.2f} | "
+                f"{plan.compiled_bytes / plan.budget_bytes:.3f} | {plan.compiled_bytes / full:.3f} | {error:.1e} |"
+            )
+    out.append(f"| {model_name} | one device | | {single / 2**20:.2f} | | | | |")
+    return out
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--ratios", type=float, nargs="+", default=[1.0, 0.5, 0.3])
+    parser.add_argument("--output")
+    args = parser.parse_args(argv)
+    lines = [f"### Sharded arguments: bytes per device on an 8-device CPU mesh (issue 24), {datetime.date.today().isoformat()}", "",
+             f"Command: `python benchmarks/sharded_benchmark.py`. Machine: {machine()}, 8 host devices. "
+             "Bytes: XLA's arguments + outputs + temporaries per device, of the partitioned step.", "",
+             "| model | mesh | budget | jax.grad MiB per device | plan MiB per device | / budget | / jax.grad's | max grad difference |",
+             "|---|---|---|---|---|---|---|---|"]
+    for name in MODELS:
+        print(f"benchmarking {name} ...", file=sys.stderr)
+        lines += rows(name, args.ratios)
+    text = "\n".join(lines)
+    print(text)
+    if args.output:
+        with open(args.output, "a") as f:
+            f.write(text + "\n")
+
+
+if __name__ == "__main__":
+    main()

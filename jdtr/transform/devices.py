@@ -1,0 +1,97 @@
+"""Per-device memory of a sharded step, against a plan's memory model.
+
+With arguments sharded over a mesh (`jax.sharding.NamedSharding`), the
+step that is compiled is XLA's partitioned program, and its
+`memory_analysis()` counts one device's bytes: a budget means bytes per
+device. A plan's memory model (`segments.predicted_bytes`) counts every
+value whole, as on one device. The two are related by a `DeviceScale`:
+the arguments, constants and gradients are counted exactly, per device,
+from their shardings; everything else (activations, residuals, temporaries)
+is taken to shrink by one factor, measured on the step without remat, as
+XLA's bytes per device over its bytes on one device. Where the factor is
+off for a plan, the planner's compile-and-measure loop corrects the
+target, as it does for XLA's buffer assignment on one device.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Optional, Sequence
+
+import jax
+
+from . import _jax_core
+
+
+def is_sharded(specs: Sequence) -> bool:
+    """Whether any spec is placed on more than one device."""
+    return any(_devices(getattr(s, "sharding", None)) > 1 for s in specs)
+
+
+def _devices(sharding) -> int:
+    if sharding is None:
+        return 1
+    mesh = getattr(sharding, "mesh", None)
+    if mesh is not None:  # a NamedSharding, on a concrete or an abstract mesh (a type under jit)
+        return int(mesh.size)
+    return len(sharding.device_set)
+
+
+def device_bytes(spec) -> int:
+    """One device's bytes of a (possibly sharded) array: its largest shard."""
+    sharding = getattr(spec, "sharding", None)
+    shape = tuple(spec.shape)
+    if sharding is not None and hasattr(sharding, "shard_shape"):
+        shape = tuple(sharding.shard_shape(shape))
+    itemsize = _jax_core.aval_nbytes(jax.ShapeDtypeStruct((), spec.dtype))
+    return math.prod(shape) * itemsize
+
+
+def unsharded(spec) -> jax.ShapeDtypeStruct:
+    return jax.ShapeDtypeStruct(spec.shape, spec.dtype, weak_type=getattr(spec, "weak_type", False))
+
+
+@dataclass(frozen=True)
+class DeviceScale:
+    """Bytes per device against the plan's model of whole values.
+
+    `fixed_model` / `fixed_device`: the arguments, constants and gradients,
+    whole and on one device; `activations`: one device's share of every
+    other byte."""
+
+    fixed_model: int
+    fixed_device: int
+    activations: float
+
+    def to_model(self, per_device: float) -> float:
+        """The model's bytes for a step of `per_device` bytes per device."""
+        return self.fixed_model + max(per_device - self.fixed_device, 0.0) / self.activations
+
+    def shrink(self, model_target: float, per_device_target: float, compiled: float) -> float:
+        """The model's target after a plan for `model_target` compiled to
+        `compiled` bytes per device, over a budget of `per_device_target`:
+        its activations scaled by what they must lose (a little more, as
+        on one device)."""
+        room = max(per_device_target - self.fixed_device, 0.0)
+        used = max(compiled - self.fixed_device, 1.0)
+        return self.fixed_model + (model_target - self.fixed_model) * room / used * 0.97
+
+
+def device_scale(
+    specs: Sequence, differentiated: Sequence[bool], consts_bytes: int, unconstrained_device: int,
+    unconstrained_whole: int,
+) -> Optional[DeviceScale]:
+    """The scale of a step over sharded `specs` (None on one device): from
+    its arguments' shardings (gradients sharded as their arguments, as
+    `jax.grad` gives them) and its compiled bytes per device and whole."""
+    if not is_sharded(specs):
+        return None
+    whole = [_jax_core.aval_nbytes(s) for s in specs]
+    local = [device_bytes(s) for s in specs]
+    fixed_model = sum(whole) + sum(b for b, d in zip(whole, differentiated) if d) + consts_bytes
+    fixed_device = sum(local) + sum(b for b, d in zip(local, differentiated) if d) + consts_bytes
+    rest_whole = unconstrained_whole - fixed_model
+    rest_device = unconstrained_device - fixed_device
+    activations = rest_device / rest_whole if rest_whole > 0 and rest_device > 0 else 1.0
+    return DeviceScale(fixed_model, fixed_device, min(max(activations, 1e-3), 1.0))

@@ -1,0 +1,300 @@
+"""Scan-aware plans: a `scan` stays a scan, and a strategy decides what its iterations keep.
+
+Unrolling a scan gives DTR one tensor per iteration to decide on, but the
+program grows with the trip count, and so do planning and compile time (a
+64-step LSTM: 3,479 equations, and at tight budgets no plan at all). A
+scan's iterations are alike, so one decision for the body, repeated, is as
+good as T of them. A *kept* scan is one equation of the forward program,
+run outside every checkpoint segment, under a `ScanStrategy`:
+
+* "all": the body's residuals for every iteration (the scan as JAX makes it);
+* "dots": the body under `jax.checkpoint` saving its matmul outputs (no
+  batch dimensions), the rest recomputed per iteration in the backward scan;
+* "carry": the body under `jax.checkpoint` saving nothing, so only its
+  inputs (the carry, per iteration) are kept;
+* "carry" in 2 (or 3) levels: a scan of scans, T/k outer iterations of a
+  checkpointed inner scan of k = sqrt(T): the outer level keeps only the
+  carries at segment boundaries, and the backward pass of one segment holds
+  k carries (Chen et al.'s sqrt(T)); in 3 levels, T^(1/3) at each.
+
+Each saves less than the one before and recomputes more. The planner takes
+them in that order and keeps the first whose compiled step fits the budget
+(`planning.make_plan`). The program stays a scan, so planning and compile
+time do not grow with T.
+
+The memory each strategy keeps (`ScanMemory`) is read from JAX itself: the
+residuals of the strategy's `jax.vjp`, traced on shapes.
+
+Inside a scan body, `jax.checkpoint` needs no protection from XLA's CSE on
+the CPU: the backward scan's loop recomputes from saved values, and the
+forward loop's values are not in reach of it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import weakref
+from dataclasses import dataclass
+from typing import Any, Optional, Sequence
+
+import jax
+from jax import lax
+
+from ..runtime import format_bytes
+from . import _jax_core
+from .program import Const, Equation, Program
+
+
+@dataclass(frozen=True)
+class ScanStrategy:
+    """What every iteration of a kept scan keeps for the backward pass."""
+
+    saves: str = "all"  # "all", "dots" or "carry"
+    levels: int = 1  # nested scans (2: a scan of checkpointed segments of about sqrt(T) iterations)
+
+    def describe(self, length: int) -> str:
+        kept = {"all": "every residual", "dots": "its matmul outputs", "carry": "its carry"}[self.saves]
+        k = _inner_length(length, self.levels)
+        nested = f", in {self.levels} nested levels of checkpointed segments ({k} iterations each)" if k > 1 else ""
+        return f"each iteration saves {kept}{nested}"
+
+
+# Least recompute first: the planner keeps the first whose step fits.
+STRATEGIES = (
+    ScanStrategy("all"), ScanStrategy("dots"), ScanStrategy("carry"), ScanStrategy("carry", 2), ScanStrategy("carry", 3)
+)
+
+
+@dataclass(frozen=True)
+class ScanMemory:
+    """Bytes a kept scan holds for the backward pass: `kept` for the whole
+    step (beyond its inputs), `transient` while its backward pass runs."""
+
+    kept: int
+    transient: int
+    per_iteration: tuple[str, ...] = ()  # what one iteration saves, for `Plan.report`
+
+
+@dataclass(frozen=True, eq=False)
+class KeptScan:
+    """A kept scan of a plan's forward program, under its strategy (for `Plan.report`)."""
+
+    position: int  # in the forward program's body
+    equation: Equation
+    strategy: ScanStrategy
+    memory: ScanMemory
+
+    def describe(self) -> str:
+        length = self.equation.scan["length"]
+        saved = ", ".join(self.memory.per_iteration) or "nothing"
+        return (
+            f"scan at {self.equation.source} (equation {self.position}): {length} iterations, "
+            f"{self.strategy.describe(length)}: {saved}; {format_bytes(self.memory.kept)} kept in all"
+        )
+
+
+# ------------------------------------------------------------------ running
+
+
+def run_scan(params: dict, strategy: ScanStrategy, *args):
+    """The scan of `params` (a jaxpr `scan` equation's) on `args`, under `strategy`."""
+    num_consts, num_carry, length = params["num_consts"], params["num_carry"], params["length"]
+    reverse = params["reverse"]
+    consts, carry, xs = args[:num_consts], args[num_consts : num_consts + num_carry], args[num_consts + num_carry :]
+    fun = _jax_core.jaxpr_function(params["jaxpr"])
+
+    def step(c, x):
+        outs = fun(*consts, *c, *x)
+        return list(outs[:num_carry]), list(outs[num_carry:])
+
+    if strategy.saves != "all":
+        policy = (
+            jax.checkpoint_policies.dots_with_no_batch_dims_saveable
+            if strategy.saves == "dots"
+            else jax.checkpoint_policies.nothing_saveable
+        )
+        step = jax.checkpoint(step, policy=policy, prevent_cse=False)
+    carry, ys = _nested_scan(step, list(carry), list(xs), length, strategy.levels, reverse)
+    return [*carry, *ys]
+
+
+def _nested_scan(step, carry: list, xs: list, length: int, levels: int, reverse: bool):
+    """`lax.scan(step)` as `levels` nested scans: the outer one over
+    checkpointed segments of about length^((levels-1)/levels) iterations,
+    each itself nested one level less; a remainder runs as a flat tail."""
+    k = _inner_length(length, levels)
+    if k == 1:
+        return lax.scan(step, carry, xs, length=length, reverse=reverse)
+    whole = length // k * k  # iterations in full segments
+
+    def segment(c, x):
+        return _nested_scan(step, c, x, k, levels - 1, reverse)
+
+    segment = jax.checkpoint(segment, policy=jax.checkpoint_policies.nothing_saveable, prevent_cse=False)
+    head = [(x if whole == length else x[:whole]).reshape((whole // k, k, *x.shape[1:])) for x in xs]
+
+    def run_head(c):
+        c, ys = lax.scan(segment, c, head, length=whole // k, reverse=reverse)
+        return c, [y.reshape((whole, *y.shape[2:])) for y in ys]
+
+    def run_tail(c):
+        if whole == length:
+            return c, None
+        return lax.scan(step, c, [x[whole:] for x in xs], length=length - whole, reverse=reverse)
+
+    if reverse:  # the tail's iterations come first
+        carry, tail_ys = run_tail(carry)
+        carry, head_ys = run_head(carry)
+    else:
+        carry, head_ys = run_head(carry)
+        carry, tail_ys = run_tail(carry)
+    if tail_ys is None:
+        return carry, head_ys
+    return carry, [jax.numpy.concatenate([h, t]) for h, t in zip(head_ys, tail_ys)]
+
+
+def _inner_length(length: int, levels: int) -> int:
+    """Iterations per segment of a `levels`-deep scan (1: a flat scan)."""
+    if levels <= 1:
+        return 1
+    ideal = length ** ((levels - 1) / levels)
+    # A divisor of the length near the ideal needs no tail (whose slices and
+    # concatenations XLA copies); else the ideal, with a tail.
+    divisors = [d for d in range(2, length) if length % d == 0 and ideal / 2 <= d <= ideal * 2]
+    k = min(divisors, key=lambda d: abs(math.log(d / ideal))) if divisors else round(ideal)
+    return k if 1 < k < length else 1
+
+
+def carries_held(length: int, levels: int) -> int:
+    """Carries a nested scan's backward pass holds below its outer level:
+    one segment's at each inner level."""
+    held, k = 0, _inner_length(length, levels)
+    while k > 1:
+        inner = _inner_length(k, levels - 1)
+        held += k // inner if inner > 1 else k
+        length, levels, k = k, levels - 1, inner
+    return held
+
+
+def with_strategy(program: Program, strategy: ScanStrategy) -> Program:
+    """The program with every kept scan run under `strategy` (the same values:
+    only what the backward pass keeps differs)."""
+    body = [
+        dataclasses.replace(item, trace=_traced(item.scan, strategy, item.inputs), fn=_traced(item.scan, strategy, item.inputs))
+        if isinstance(item, Equation) and item.scan is not None
+        else item
+        for item in program.body
+    ]
+    made = Program(program.inputs, program.consts, body, program.outputs)
+    made.names = program.names
+    return made
+
+
+def _traced(params: dict, strategy: ScanStrategy, inputs: Optional[Sequence[Any]] = None):
+    """`run_scan` on the equation's values, its literal operands put back in place."""
+    if inputs is None or not any(isinstance(a, Const) for a in inputs):
+        return lambda *args: run_scan(params, strategy, *args)
+
+    def run(*args):
+        it = iter(args)
+        return run_scan(params, strategy, *(jax.numpy.asarray(a.value) if isinstance(a, Const) else next(it) for a in inputs))
+
+    return run
+
+
+def kept_scans(program: Program) -> dict[int, Equation]:
+    """The kept scans of a program's body, by position."""
+    return {i: item for i, item in enumerate(program.body) if isinstance(item, Equation) and item.scan is not None}
+
+
+# ------------------------------------------------------------------- memory
+
+
+def scan_memory(equation: Equation, strategy: ScanStrategy) -> ScanMemory:
+    """What a kept scan keeps under `strategy`, read from its `jax.vjp`'s
+    residuals (traced on shapes, once per equation and strategy)."""
+    memo = _MEMORY.setdefault(equation, {})
+    found = memo.get(strategy)
+    if found is None:
+        found = memo[strategy] = _measure(equation, strategy)
+    return found
+
+
+# Per kept-scan equation (weakly: a program's equations die with it).
+_MEMORY: "weakref.WeakKeyDictionary[Equation, dict]" = weakref.WeakKeyDictionary()
+
+
+def _measure(equation: Equation, strategy: ScanStrategy) -> ScanMemory:
+    params = equation.scan
+    num_consts, num_carry = params["num_consts"], params["num_carry"]
+    specs = [_spec(a) for a in equation.inputs]  # every operand, literals too, as `run_scan` takes them
+    kept, _ = hidden_residuals(_traced(params, strategy), specs)
+    body_specs = [*specs[: num_consts + num_carry], *(_row(s) for s in specs[num_consts + num_carry :])]
+    body = _jax_core.jaxpr_function(params["jaxpr"])
+
+    def step(*args):
+        return list(body(*args))
+
+    one, described = hidden_residuals(step, body_specs, describe=True)
+    # Its backward pass holds the cotangents of its stacked outputs.
+    cotangents = sum(v.nbytes for v in equation.outputs[num_carry:])
+    if strategy.saves == "all":
+        return ScanMemory(kept, cotangents, described)
+    # It recomputes one iteration's full residuals at a time; a nested
+    # strategy also holds one segment's carries at each inner level.
+    carry = body_specs[num_consts : num_consts + num_carry]
+    carry_bytes = sum(_jax_core.aval_nbytes(s) for s in carry)
+    transient = cotangents + one + carry_bytes * (1 + carries_held(params["length"], strategy.levels))
+    if strategy.saves == "carry":
+        described = tuple(f"{_short(s)} (carry)" for s in carry)
+    else:
+        saving = jax.checkpoint(step, policy=jax.checkpoint_policies.dots_with_no_batch_dims_saveable)
+        _, saved = hidden_residuals(saving, body_specs, describe=True, producers=False)
+        described = tuple(f"{d} (dot_general)" for d in saved)
+    return ScanMemory(kept, transient, described)
+
+
+def _spec(atom: Any) -> jax.ShapeDtypeStruct:
+    if isinstance(atom, Const):
+        aval = _jax_core.aval_of(atom.value)
+        return jax.ShapeDtypeStruct(aval.shape, aval.dtype, weak_type=getattr(aval, "weak_type", False))
+    return jax.ShapeDtypeStruct(atom.shape, atom.dtype, weak_type=atom.weak_type)
+
+
+def _short(spec: jax.ShapeDtypeStruct) -> str:
+    return f"{spec.dtype}{list(spec.shape)}"
+
+
+def _row(spec: jax.ShapeDtypeStruct) -> jax.ShapeDtypeStruct:
+    return jax.ShapeDtypeStruct(spec.shape[1:], spec.dtype, weak_type=spec.weak_type)
+
+
+def hidden_residuals(
+    fun, specs: Sequence[jax.ShapeDtypeStruct], describe: bool = False, producers: bool = True
+) -> tuple[int, tuple[str, ...]]:
+    """Bytes of what `jax.vjp(fun)` keeps for its backward pass beyond its
+    own inputs, and (with `describe`) each such residual's type (and the
+    primitive that makes it, with `producers`)."""
+
+    def residuals(*args):
+        _, pullback = jax.vjp(fun, *args)
+        return jax.tree_util.tree_leaves(pullback)
+
+    closed = jax.make_jaxpr(residuals)(*specs)
+    jaxpr = closed.jaxpr
+    inputs = set(jaxpr.invars)
+    for eqn in jaxpr.eqns:  # a reshape of an input is the input's own buffer to XLA
+        if eqn.primitive.name in ("reshape", "squeeze", "expand_dims") and eqn.invars[0] in inputs:
+            inputs.update(eqn.outvars)
+    producer = {v: eqn.primitive.name for eqn in jaxpr.eqns for v in eqn.outvars} if describe else {}
+    seen, total, described = set(), 0, []
+    for v in jaxpr.outvars:
+        if _jax_core.is_literal(v) or v in inputs or v in seen or v in jaxpr.constvars:
+            continue
+        seen.add(v)
+        total += _jax_core.aval_nbytes(v.aval)
+        if describe:
+            made_by = f" ({producer.get(v, 'constant')})" if producers else ""
+            described.append(f"{v.aval.dtype}{list(v.aval.shape)}{made_by}")
+    return total, tuple(described)
