@@ -547,3 +547,15 @@ def test_planning_reuses_work_across_budgets_and_does_not_keep_the_function_aliv
     gc.collect()
     assert alive() is None
     assert all(f is not None for f in cpn.planning_cache.keys())
+
+
+def test_several_processes_plan_by_memory_alone(monkeypatch):
+    """Across processes every one must run the same plan (their collectives
+    meet), and step timings differ between them: no autotuning there."""
+    m = model("mlp")
+    monkeypatch.setattr(jax, "process_count", lambda: 2)
+    loss = lambda p, x: m.loss(p, x)  # noqa: E731 - a function of its own: nothing planned before
+    plan = jdtr.plan(loss, m.params, m.batch, budget=0.5)
+    assert plan.timings == ()
+    with pytest.warns(UserWarning, match="several processes"):
+        jdtr.plan(lambda p, x: m.loss(p, x), m.params, m.batch, budget=0.5, autotune=True)

@@ -143,3 +143,30 @@ def test_where_no_strategy_fits_the_scan_is_unrolled_as_before(monkeypatch):
     assert plan.scans == () and len(plan.program.body) > 16
     assert plan.compiled_bytes <= 0.5 * compiled_total(jax.grad(m.loss), m.params, m.batch) * 1.1
     assert_trees_close(jax.jit(plan.grad)(m.params, m.batch), jax.grad(m.loss)(m.params, m.batch), rtol=1e-5, atol=1e-6)
+
+
+def test_a_flax_linen_scan_is_kept_too():
+    """A scan of any origin: `flax.linen.scan` over a cell."""
+    import flax.linen as nn
+
+    class Cell(nn.Module):
+        @nn.compact
+        def __call__(self, h, x):
+            h = jnp.tanh(nn.Dense(64)(x) + nn.Dense(64, use_bias=False)(h))
+            return h, h
+
+    class RNN(nn.Module):
+        @nn.compact
+        def __call__(self, xs):
+            scan = nn.scan(Cell, variable_broadcast="params", split_rngs={"params": False}, in_axes=0, out_axes=0)
+            _, hs = scan()(jnp.zeros((xs.shape[1], 64)), xs)
+            return jnp.mean(hs**2)
+
+    xs = jax.random.normal(jax.random.PRNGKey(0), (32, 32, 16))
+    model = RNN()
+    params = model.init(jax.random.PRNGKey(1), xs)
+    loss = lambda p, xs: model.apply(p, xs)  # noqa: E731
+    plan = jdtr.plan(loss, params, xs, budget=0.5, autotune=False)
+    assert len(plan.scans) == 1 and plan.scans[0].equation.scan["length"] == 32
+    assert plan.compiled_bytes <= 0.5 * compiled_total(jax.grad(loss), params, xs)
+    assert_trees_close(jax.jit(plan.grad)(params, xs), jax.grad(loss)(params, xs), rtol=1e-4, atol=1e-6)

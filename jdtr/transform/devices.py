@@ -71,8 +71,8 @@ class DeviceScale:
     def shrink(self, model_target: float, per_device_target: float, compiled: float) -> float:
         """The model's target after a plan for `model_target` compiled to
         `compiled` bytes per device, over a budget of `per_device_target`:
-        its activations scaled by what they must lose (a little more, as
-        on one device)."""
+        its activations scaled by what they must lose, a little more, as on
+        one device (or may gain, where the plan left room)."""
         room = max(per_device_target - self.fixed_device, 0.0)
         used = max(compiled - self.fixed_device, 1.0)
         return self.fixed_model + (model_target - self.fixed_model) * room / used * 0.97

@@ -1,0 +1,230 @@
+"""The search for a plan that fits: DTR simulated at a budget, its plan compiled and measured.
+
+`plan_at` reads one plan off DTR's run at a simulated budget;
+`search_simulated_budget` bisects the simulated budget for the largest plan
+whose predicted memory fits a target; `PlanSearch` compiles such plans and,
+where XLA needs more than predicted, plans for proportionally less, until
+one fits (or says, in `error`, what the smallest found needs). A planning
+(`planning.Planning`: the traced programs, the simulations and the compiled
+candidates of one step) is what they search.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Optional
+
+import jax
+
+from ..offline import run
+from ..runtime import Observer, OutOfBudgetError, format_bytes
+from .checkpoint import gates_differ
+from .checkpoint_plan import Plan, layout
+from .program import Equation, Value
+from .segments import predicted_bytes, segments
+
+# XLA's buffer assignment is not fully predictable from the plan: a plan
+# whose compiled step exceeds the budget by at most this fraction is accepted;
+# beyond it, `plan` raises `OutOfBudgetError`.
+PLAN_SLACK = 0.10
+
+
+class _Rematerialized(Observer):
+    """The values of the equations a run replayed."""
+
+    def __init__(self):
+        self.values: set[Value] = set()
+
+    def on_compute(self, op, cost, rematerialization, clock):
+        if rematerialization and isinstance(op.payload, Equation):
+            self.values.update(op.payload.outputs)
+
+
+def plan_at(planning: Any, sim_budget: int, target: float, heuristic, max_depth: int = 1) -> Optional[Plan]:
+    """The plan read from DTR's run at `sim_budget`, or None if DTR runs out
+    of memory or thrashes there."""
+    forward = planning.forward
+    simulations = planning.simulations  # by simulated budget: searches revisit budgets
+    if sim_budget not in simulations:
+        # A plan that recomputes more than the whole step again is not worth
+        # reading (the driver's default overhead limit, 2x). A failed run is
+        # cached as None, not as an error, whose traceback would keep this
+        # call's frames (and the user's function) alive.
+        remat = _Rematerialized()
+        simulated = run(planning.workload, sim_budget, heuristic, observers=[remat])
+        simulations[sim_budget] = (simulated, remat.values) if simulated.ok else None
+    if simulations[sim_budget] is None:
+        return None
+    simulated, rematerialized = simulations[sim_budget]
+    saved = {fwd_value for fwd_value, vg_value in planning.reads.items() if vg_value not in rematerialized}
+    gradient_bytes = planning.gradient_bytes
+    scans = planning.scan_memory
+    cut = segments(forward, saved, planning.residuals, target, gradient_bytes, max_depth, scans)
+    saved_all = frozenset(saved | {v for s in cut for v in s.inputs})
+    predicted = predicted_bytes(forward, cut, gradient_bytes, scans)
+    return Plan(
+        0, cut, saved_all, simulated, forward, planning.config, predicted_bytes=predicted, scans=planning.kept_scans
+    )
+
+
+def search_simulated_budget(
+    planning: Any, sim_peak: int, target: float, heuristic, steps: int = 10
+) -> Optional[Plan]:
+    """The plan for the largest simulated budget whose predicted compiled
+    memory fits `target` (bisection: less budget, fewer values kept), flat
+    if any flat plan fits, else with nested segments.
+
+    The simulation and XLA count differently (XLA fuses, so it keeps fewer
+    and smaller residuals), so the simulated budget is searched for rather
+    than scaled: what must fit is the plan's prediction in XLA's terms.
+    """
+    smallest = None
+    for max_depth in (1, 3):  # nest segments only where no flat plan fits
+        lo, hi = 0.0, float(sim_peak)
+        fitting = None
+        for _ in range(steps):
+            mid = (lo + hi) / 2
+            plan = plan_at(planning, max(int(mid), 1), target, heuristic, max_depth)
+            if plan is None:  # infeasible at this budget: go higher
+                lo = mid
+                continue
+            if smallest is None or plan.predicted_bytes < smallest.predicted_bytes:
+                smallest = plan
+            if plan.predicted_bytes <= target:
+                fitting, lo = plan, mid
+            else:
+                hi = mid
+        if fitting is not None:
+            return fitting
+    if smallest is None:
+        # DTR ran out of memory at every budget tried below the peak (kept
+        # scans are single operators, with their residuals as one tensor):
+        # the segments alone, cut from the unconstrained run, may still fit.
+        return plan_at(planning, max(int(sim_peak), 1), target, heuristic, 3)
+    return smallest
+
+
+class PlanSearch:
+    """The search for a plan of one planning (one scan strategy) that fits
+    `target`: DTR's plan at a simulated budget, compiled and measured, then
+    for proportionally less where XLA needed more than predicted."""
+
+    def __init__(self, planning: Any, target: float, heuristic, implementation: str):
+        self.planning, self.target, self.heuristic, self.implementation = planning, target, heuristic, implementation
+        self.sim_peak = planning.vg.unconstrained_peak()
+        # What the plan's memory model must fit (whole values; `devices.py` where sharded).
+        self.effective_target = planning.scale.to_model(target) if planning.scale else float(target)
+        self.tried: set = set()
+        self.compiled: list[tuple[Plan, Any]] = []  # every plan measured, with its executable
+        self.best: Optional[Plan] = None
+
+    def record(self, candidate: Plan, executable_and_bytes: tuple[Any, int]) -> Plan:
+        executable, nbytes = executable_and_bytes
+        measured = dataclasses.replace(
+            candidate, budget_bytes=self.target, compiled_bytes=nbytes,
+            unconstrained_compiled_bytes=self.planning.unconstrained,
+        )
+        self.compiled.append((measured, executable))
+        if self.best is None or measured.compiled_bytes < self.best.compiled_bytes:
+            self.best = measured
+        return measured
+
+    def measure(self, plan: Plan) -> Plan:
+        self.tried.add(layout(plan))
+        return self.record(plan, self.planning.compile([plan])[0])
+
+    def run(self, max_attempts: int) -> Optional[Plan]:
+        """The plan within the budget, or None."""
+        planning, target = self.planning, self.target
+        fallback: Optional[Plan] = None  # a plan gated by conds that fits (`checkpoint.GATES`)
+        for _ in range(max_attempts):
+            plan = search_simulated_budget(planning, self.sim_peak, self.effective_target, self.heuristic)
+            if plan is None or layout(plan) in self.tried:
+                break  # asking for less no longer changes the plan: nothing better to find
+            plan = self.measure(plan)
+            if plan.compiled_bytes <= target:
+                return self._closer(plan)
+            if fallback is None and gates_differ(planning.forward, plan.segments, self.implementation):
+                # The taint keeps convolutions fast but may cost XLA copies: the
+                # same segments gated by conds, kept in case no tainted plan fits.
+                gated = self.measure(dataclasses.replace(plan, gate="cond", compiled_bytes=None))
+                if gated.compiled_bytes <= target:
+                    fallback = gated
+            # XLA needed more than the plan's memory model predicted: plan for
+            # proportionally less.
+            if planning.scale is not None:
+                self.effective_target = planning.scale.shrink(self.effective_target, target, plan.compiled_bytes)
+            else:
+                self.effective_target *= target / plan.compiled_bytes * 0.97
+        return fallback
+
+    def _closer(self, plan: Plan, attempts: int = 2) -> Plan:
+        """On sharded arguments, where a plan that fits leaves much of the
+        budget unused (one factor from whole values to a device's bytes is
+        coarse), plans for more, keeping the largest that still fits: it
+        recomputes less."""
+        scale, target, model = self.planning.scale, self.target, self.effective_target
+        for _ in range(attempts):
+            if scale is None or plan.compiled_bytes >= 0.85 * target:
+                break
+            model = scale.shrink(model, target, plan.compiled_bytes)  # grows: the plan used less than the room
+            candidate = search_simulated_budget(self.planning, self.sim_peak, model, self.heuristic)
+            if candidate is None or layout(candidate) in self.tried:
+                break
+            candidate = self.measure(candidate)
+            if candidate.compiled_bytes > target:
+                break
+            plan = max(plan, candidate, key=lambda p: p.compiled_bytes)
+        return plan
+
+    def within_slack(self) -> bool:
+        return self.best is not None and self.best.compiled_bytes <= self.target * (1 + PLAN_SLACK)
+
+    def error(self) -> OutOfBudgetError:
+        """No plan fits: say so rather than hand back a step over the budget,
+        with the smallest plan's bytes as a budget that works."""
+        planning, target, best = self.planning, int(self.target), self.best
+        fixed = planning.fixed_device_bytes
+        if fixed >= target:
+            error = arguments_exceed(fixed, target, planning.unconstrained, planning.scale is not None)
+        else:
+            needed = planning.unconstrained if best is None else best.compiled_bytes
+            source = "the smallest checkpoint plan found" if best is not None else None
+            if self.implementation == "checkpoint" and jax.default_backend() == "cpu":
+                source = (
+                    'the smallest plan found with implementation="checkpoint" (XLA on the CPU removes '
+                    'checkpoint barriers and merges the recomputation away; use implementation="auto")'
+                )
+            error = OutOfBudgetError(
+                needed_bytes=max(needed - fixed, 0),
+                free_bytes=max(target - fixed, 0),
+                pinned_bytes=fixed,
+                locked_bytes=0,
+                budget_bytes=target,
+                op_name="the compiled step",
+                source=source,
+            )
+        if best is not None:
+            per_device = " per device" if planning.scale is not None else ""
+            error.suggest(best.compiled_bytes, f"compiling the smallest plan found (XLA's bytes{per_device})")
+        return error
+
+
+def arguments_exceed(fixed: int, target: int, unconstrained: int, per_device: bool = False) -> OutOfBudgetError:
+    """The error for a budget that the step's arguments and gradients alone
+    exceed: no recomputation can help, and the message says so in those terms."""
+    error = OutOfBudgetError(
+        needed_bytes=fixed, free_bytes=0, pinned_bytes=fixed, locked_bytes=0, budget_bytes=target,
+        op_name="the compiled step's arguments and gradients",
+    )
+    device = " per device" if per_device else ""
+    error.args = (
+        f"the step's arguments and gradients alone take {format_bytes(fixed)} ({fixed} bytes){device}, more "
+        f"than the budget of {format_bytes(target)} ({target} bytes){device}: no plan can fit, since "
+        f"recomputation only frees intermediate values. (A budget counts the whole compiled step, arguments, "
+        f"outputs and temporaries; `jax.grad` without remat compiles to {format_bytes(unconstrained)}{device}"
+        f"{'; a budget of at least ' + format_bytes(fixed + 1) + ' per device is needed' if per_device else ''}.)",
+    )
+    return error
+
+
