@@ -95,13 +95,20 @@ def bench_model(model, ratios, repeats):
         online = f"{med[('online', r)] / med['jit']:.2f}" if ("online", r) in med else "out of budget"
         rows.append(
             f"| {model.name} | {r} | {s.peak_bytes / s.budget_bytes:.3f} ({s.peak_bytes / 2**20:.1f} / {s.budget_bytes / 2**20:.1f} MiB) "
-            f"| {s.evictions} | {s.rematerializations} | {s.overhead:.3f} | {s.heuristic} | {c.chunks} / {s.chunks} "
+            f"| {s.evictions} | {s.rematerializations} | {s.overhead:.3f} | {s.heuristic}{_scans(s)} | {c.chunks} / {s.chunks} "
             f"| {s.planning_time_s:.2f} / {c.planning_time_s:.2f} | {med[('planned', r)] / med['jit']:.2f} | {online} "
             f"| {med[('planned', r)] / med['eager']:.2f} |"
         )
     equations = next((s.equations for s in first.values() if not isinstance(s, Exception)), "?")
     baseline = f"| {model.name} | eager jax.grad {med['eager'] * 1e3:.1f} ms, jax.jit(jax.grad) {med['jit'] * 1e3:.1f} ms, {equations} equations |"
     return rows, baseline
+
+
+def _scans(stats) -> str:
+    """What a plan did with the program's scans (kept under a strategy, or unrolled), briefly."""
+    if stats.scans is None:
+        return ""
+    return "; scans " + stats.scans.split(": ", 1)[-1].replace("each iteration saves ", "save ")
 
 
 # ---------------------------------------------------------------- TreeLSTM
@@ -265,6 +272,7 @@ def main(argv=None):
             models.flax_gpt(layers=4, dim=128, heads=4, seq=128, batch=8, vocab=256),
             models.flax_resnet_groupnorm(blocks=8, channels=32, image=32, batch=16),
             models.flax_scan_lstm(steps=64, hidden=256, features=64, batch=64),
+            models.flax_scan_gpt(layers=12, dim=128, heads=4, seq=128, batch=8, vocab=256),
         ] if "flax" in args.only else []
         tree = {}
         gated = [models.gated_mlp(blocks=16, width=256, batch=1024)] if "conds" in args.only else []

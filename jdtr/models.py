@@ -202,8 +202,8 @@ def rnn(
     segment: Optional[Segment] = None,
     every: int = 1,
 ) -> Model:
-    """A tanh RNN over time written with `lax.scan` (unrolled by `jdtr.grad`,
-    kept whole by `jdtr.plan`'s scan-aware plans).
+    """A tanh RNN over time written with `lax.scan` (kept whole, under a
+    scan strategy, by `jdtr.grad`'s and `jdtr.plan`'s plans).
 
     `segment` wraps each group of `every` steps, as `jax.checkpoint` is used
     with scans: the step function itself (every=1), or a scan over groups

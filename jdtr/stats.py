@@ -41,6 +41,9 @@ class Stats:
         one at a time (rematerializations included).
       planning_time_s: time spent planning the run (simulating candidates,
         cutting and compiling chunks); 0 when all of it was cached.
+      scans: where the program has scans kept whole (planned runs), what
+        the plan does with them: the strategy of what each iteration keeps
+        (its recomputation counts in `remat_cost`), or "unrolled".
     """
 
     budget_bytes: int
@@ -63,6 +66,7 @@ class Stats:
     execution: str = "online"
     chunks: int = 0
     planning_time_s: float = 0.0
+    scans: Optional[str] = None
     timeline: Optional[tuple[TimelineEvent, ...]] = field(default=None, repr=False)
 
     def summary(self) -> str:

@@ -326,7 +326,8 @@ def test_the_flax_reference_models_planned_and_chunked(name):
     expected = jax.grad(model.loss)(model.params, model.batch)
     for call in range(2):
         grads, stats = f(model.params, model.batch)
-        assert stats.peak_bytes <= stats.budget_bytes and stats.rematerializations > 0
+        # Something is recomputed: by DTR, or by the scan strategy of a kept scan.
+        assert stats.peak_bytes <= stats.budget_bytes and stats.overhead > 1.0
         for a, e in zip(jax.tree_util.tree_leaves(grads), jax.tree_util.tree_leaves(expected)):
             np.testing.assert_allclose(np.asarray(a), np.asarray(e), rtol=2e-4, atol=1e-5)
     assert stats.execution == "chunks" and stats.chunks < stats.equations

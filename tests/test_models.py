@@ -74,8 +74,8 @@ def test_model_gradients_under_budget(name, budget, heuristic):
     if budget == 1.0:
         assert stats.evictions == 0 and stats.rematerializations == 0
         assert stats.peak_bytes == stats.unconstrained_peak_bytes
-    else:
-        assert stats.rematerializations > 0 and stats.overhead > 1.0
+    else:  # recomputed by DTR, or by the strategy of a scan kept whole
+        assert stats.overhead > 1.0 and (stats.rematerializations > 0 or stats.scans is not None)
 
 
 def test_live_arrays_match_the_runtime_count_at_full_budget():

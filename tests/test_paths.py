@@ -71,7 +71,8 @@ def switched(w, x, s):
 
 
 def scanned(w, x, s):
-    """A `cond` in a `scan` (unrolled: one `cond` per step)."""
+    """A `cond` in a `scan` (of 3 steps, unrolled: one `cond` per step; from
+    `MIN_KEPT_LENGTH` steps on, the scan stays whole, `cond` and all)."""
 
     def step(h, sign):
         h = jax.lax.cond(sign > 0, lambda a: jnp.tanh(a @ w), lambda a: jnp.sin(a @ w) * 0.5, h)
@@ -81,7 +82,7 @@ def scanned(w, x, s):
     return jnp.sum(h**2) + jnp.sum(sums)
 
 
-PROGRAMS = {"layered": (layered, 3), "switched": (switched, 2), "scanned": (scanned, 4)}
+PROGRAMS = {"layered": (layered, 3), "switched": (switched, 2), "scanned": (scanned, 3)}
 
 
 def arguments(signs):

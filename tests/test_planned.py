@@ -414,7 +414,7 @@ def test_straight_line_of_a_plan_is_the_online_runs_operators():
     """The plan's computations, in order, are the equations the online run
     computed, rematerializations included."""
     model = MODELS["rnn"]()
-    f = jdtr.grad(model.loss, budget=0.5, heuristic="dtr_eq", return_stats=True)
+    f = jdtr.grad(model.loss, budget=0.5, heuristic="dtr_eq", return_stats=True, scans="unroll")
     _, stats = f(model.params, model.batch)
     (plan,) = next(iter(f.cache.values())).plans.values()
     computes = [step for step in plan.line.steps if isinstance(step, Compute)]
@@ -574,7 +574,7 @@ def test_the_optimal_schedule_written_as_a_line_computes_jax_grads_gradients_wit
     from jdtr.transform.planner import _Simulation
 
     model = MODELS["rnn"]()
-    f = jdtr.grad(model.loss, return_stats=True)
+    f = jdtr.grad(model.loss, return_stats=True, scans="unroll")
     f(model.params, model.batch)
     (traced,) = f.cache.values()
     owned = [False] * len(traced.program.inputs)

@@ -47,7 +47,7 @@ def decisions(result):
 def test_simulating_the_trace_takes_the_runs_decisions(name):
     m = model(name)
     trace = jdtr.trace(m.loss, m.params, m.batch)
-    _, full = jdtr.grad(m.loss, budget=1.0, return_stats=True)(m.params, m.batch)
+    _, full = jdtr.grad(m.loss, budget=1.0, return_stats=True, scans="unroll")(m.params, m.batch)
     baseline = jdtr.simulate(trace, full.budget_bytes)
     assert decisions(baseline) == decisions(full) == (full.unconstrained_peak_bytes, 0, 0)
     # TIME is the cost model's seconds as whole nanoseconds.
@@ -58,7 +58,7 @@ def test_simulating_the_trace_takes_the_runs_decisions(name):
             budget = int(ratio * full.unconstrained_peak_bytes)
             simulated = jdtr.simulate(trace, budget, heuristic, overhead_limit=None)
             try:
-                _, stats = jdtr.grad(m.loss, budget=budget, heuristic=heuristic, return_stats=True)(m.params, m.batch)
+                _, stats = jdtr.grad(m.loss, budget=budget, heuristic=heuristic, return_stats=True, scans="unroll")(m.params, m.batch)
             except jdtr.OutOfBudgetError:
                 assert simulated.status == "oom", (heuristic, ratio)
                 continue

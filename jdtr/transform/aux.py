@@ -40,11 +40,16 @@ def arrays_of_aux(value_and_grad: Callable, box: list) -> Callable:
     def split(*args, **kwargs):
         (value, aux), grads = value_and_grad(*args, **kwargs)
         leaves, treedef = jax.tree_util.tree_flatten(aux)
-        arrays = [leaf for leaf in leaves if _is_array_like(leaf)]
+        arrays = array_leaves(leaves)
         box.append(Aux(treedef, {i: leaf for i, leaf in enumerate(leaves) if not _is_array_like(leaf)}))
         return (value, arrays), grads
 
     return split
+
+
+def array_leaves(leaves: list) -> list:
+    """The leaves (of an aux value) that go through a traced program."""
+    return [leaf for leaf in leaves if _is_array_like(leaf)]
 
 
 def _is_array_like(leaf: Any) -> bool:

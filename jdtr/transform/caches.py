@@ -47,6 +47,14 @@ class Traced:
     lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
     refining: set = field(default_factory=set, repr=False)  # keys a thread is refining the plan of
     aux: Any = None  # with has_aux: the aux value's structure and non-array leaves (`aux.Aux`)
+    # With scans kept whole: the programs of the other scan strategies, and
+    # the unrolled one (`scan_variants.ScanVariants`).
+    variants: Any = None
+
+    def online_program(self) -> Program:
+        """The program an online run interprets: scans unrolled (the paper's
+        algorithm decides on every iteration's tensors)."""
+        return self.program if self.variants is None else self.variants.program(None)
 
     def plan(self, key: Hashable, make: Callable[[], PlannedRun]) -> tuple[PlannedRun, bool]:
         """The cached plan for `key`, made if there is none; and whether it was cached."""

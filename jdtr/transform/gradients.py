@@ -1,9 +1,11 @@
 """`jdtr.grad` and `jdtr.value_and_grad`: JAX's gradients under a byte budget.
 
-Tracing: the value-and-grad of the user's function is traced once per
-argument structure (treedef, shapes, dtypes, static values) and normalised
-to a `Program`; later calls with the same structure reuse it, so a dynamic
-model re-traces only when its structure changes.
+Tracing (`tracing.py`): the value-and-grad of the user's function is traced
+once per argument structure (treedef, shapes, dtypes, static values) and
+normalised to a `Program`; later calls with the same structure reuse it, so
+a dynamic model re-traces only when its structure changes. A scan of 4 or
+more iterations stays one operation, under the scan strategy whose plan
+computes least (`scan_variants.py`).
 
 Planning: DTR is simulated on the traced program under the budget before
 any device work (`planner.py`; a portfolio of heuristics by default), and
@@ -60,31 +62,24 @@ from ..stats import Stats
 from ..oplog import Trace, TraceRecorder
 from . import _jax_core
 from .costs import MEASURED, NANOSECOND, CostModel, MeasuredCosts, check_cost_model
-from .arguments import Arguments, Static, argnums_tuple, flatten_arguments
-from .executable import assign_workspaces
+from .arguments import Static, argnums_tuple, flatten_arguments
 from .executor import Execution, chunks_for
-from .interpreter import Interpreter, JaxBackend, LiveArrayCheck
-from .aux import arrays_of_aux
+from .interpreter import Interpreter, JaxBackend, LiveArrayCheck, allocator_bytes
 from .lowering import recording, simulation
-from .normalize import normalize
 from .caches import Traced, trace_cache
-from .collection import collection_paused
+from .scan_variants import plan_strategies
+from .tracing import trace_value_and_grad
 from .paths import run_by_paths
-from .planner import AUTO, THRASH_OVERHEAD, branching, observe, plan_run, plannable, refine, verified_budget
+from .planner import AUTO, THRASH_OVERHEAD, PlannedRun, branching, observe, plan_run, plannable, refine, verified_budget
 
 MODES = ("planned", "online")
 CHUNK_POLICIES = ("auto", "always", "never")
+SCAN_POLICIES = ("keep", "unroll")
 # `debug=True` sums `jax.live_arrays()`, which holds every thread's arrays:
 # debug calls run one at a time, so that it holds one call's (calls without
 # debug beside them still count: the docs say so).
 _DEBUG_LOCK = threading.Lock()
-_TRACED_CONTROL_FLOW = (
-    "jdtr traces the whole step before it runs it (as jax.jit does: it plans the run ahead), so Python "
-    "control flow on a value computed from the arguments (`if`, `float()`, `int()`, a loop bound) has no "
-    "value to read. Use lax.cond / lax.switch or jnp.where for branches, lax.scan or a fori_loop with "
-    "Python bounds for loops, or pass the value as a Python number: arguments that are not arrays are "
-    "static (part of the traced structure). Eager jax.grad runs such code; jax.jit(jax.grad) fails the same way."
-)
+
 
 @dataclass(eq=False, repr=False)
 class _ValueAndGrad:
@@ -105,34 +100,14 @@ class _ValueAndGrad:
     mode: str = "planned"
     chunks: str = "auto"
     holomorphic: bool = False
+    scans: str = "keep"
 
     def __post_init__(self) -> None:
         self.argnum_tuple = argnums_tuple(self.argnums)
-        self.cache = trace_cache(self.fun, self.argnum_tuple, self.has_aux, self.cost_model, self.holomorphic)
+        self.cache = trace_cache(self.fun, self.argnum_tuple, self.has_aux, self.cost_model, self.holomorphic, self.scans)
         self.cache_hits = 0
         self.cache_misses = 0
         functools.update_wrapper(self, self.fun)
-
-    # ---------------------------------------------------------------- tracing
-
-    @collection_paused()
-    def _trace(self, arguments: Arguments) -> Traced:
-        start = time.perf_counter()
-        value_and_grads = jax.value_and_grad(self.fun, self.argnums, self.has_aux, self.holomorphic)
-        aux: list = []
-        if self.has_aux:
-            value_and_grads = arrays_of_aux(value_and_grads, aux)
-        try:
-            closed, out_shape = jax.make_jaxpr(arguments.bind(value_and_grads), return_shape=True)(*arguments.traced_specs)
-        except (jax.errors.ConcretizationTypeError, jax.errors.TracerIntegerConversionError) as err:
-            err.add_note(_TRACED_CONTROL_FLOW)  # JAX's message names jdtr's wrapper, not what to do
-            raise
-        out_tree = jax.tree_util.tree_structure(out_shape)
-        program = normalize(closed, self.cost_model)
-        assign_workspaces(program)
-        traced = Traced(program, out_tree, program.unconstrained_peak(), time.perf_counter() - start)
-        traced.aux = aux[-1] if aux else None
-        return traced
 
     # ---------------------------------------------------------------- running
 
@@ -158,7 +133,7 @@ class _ValueAndGrad:
         traced, _, owned, _ = self._prepare(args, kwargs)
         recorder = TraceRecorder()
         # The caller's arrays are not the run's to free, here as in a real run.
-        run(recording(simulation(traced.program, owned), recorder), math.inf, "dtr_eq", overhead_limit=None)
+        run(recording(simulation(traced.online_program(), owned), recorder), math.inf, "dtr_eq", overhead_limit=None)
         return recorder.trace()
 
     def _prepare(self, args: tuple, kwargs: dict):
@@ -168,7 +143,9 @@ class _ValueAndGrad:
         cache_hit = traced is not None
         if traced is None:
             self.cache_misses += 1
-            traced = self._trace(arguments)
+            traced = trace_value_and_grad(
+                self.fun, self.argnums, self.has_aux, self.holomorphic, self.cost_model, arguments, self.scans == "keep"
+            )
             self.cache[arguments.key] = traced
         else:
             self.cache_hits += 1
@@ -230,7 +207,6 @@ class _ValueAndGrad:
             budget_bytes=budget_bytes,
             unconstrained_peak_bytes=traced.unconstrained_peak,
             trace_time_s=0.0 if cache_hit else traced.trace_time_s,
-            equations=program.num_equations,
             cache_hit=cache_hit,
             dealloc=self.dealloc,
             live_peak_bytes=check.peak_bytes if check is not None else None,
@@ -242,13 +218,12 @@ class _ValueAndGrad:
         program = traced.program
         key = (budget_bytes, self.heuristic if isinstance(self.heuristic, str) else id(self.heuristic), self.dealloc, tuple(owned))
         path = () if branching(program) else None  # a cond on data: planned per path (paths.py)
-        plan, planned_before = traced.plan(
-            key, lambda: plan_run(program, budget_bytes, self.heuristic, self.dealloc, owned, quick=True, path=path)
-        )
+        plan, planned_before = traced.plan(key, lambda: _plan(traced, budget_bytes, self.heuristic, self.dealloc, owned, path))
+        program = plan.program or program
         planning = 0.0 if planned_before else plan.planning_time_s
         known_ahead = plan.path is None and not planned_before  # said once per plan, before the run
-        if known_ahead and plan.counters.overhead > THRASH_OVERHEAD:  # (by paths: once the path is known)
-            warnings.warn(ThrashWarning(plan.counters.overhead, budget_bytes, plan.calm_budget_bytes, plan.heuristic), stacklevel=4)
+        if known_ahead and plan.overhead > THRASH_OVERHEAD:  # (by paths: once the path is known)
+            warnings.warn(ThrashWarning(plan.overhead, budget_bytes, plan.calm_budget_bytes, plan.heuristic), stacklevel=4)
         if planned_before and plan.remaining and traced.claim(key):  # it came back: plan it as a static one
             before, refined = plan.planning_time_s, plan
             try:
@@ -275,9 +250,9 @@ class _ValueAndGrad:
             jax.block_until_ready(outputs)
             wall = time.perf_counter() - start - went.planning_time_s
             plan, compiled, planning = went.plan, went.compiled, planning + went.planning_time_s
-            if plan.counters.overhead > THRASH_OVERHEAD and not plan.warned:  # said once per path
+            if plan.overhead > THRASH_OVERHEAD and not plan.warned:  # said once per path
                 plan.warned = True
-                warnings.warn(ThrashWarning(plan.counters.overhead, budget_bytes, plan.calm_budget_bytes, plan.heuristic), stacklevel=4)
+                warnings.warn(ThrashWarning(plan.overhead, budget_bytes, plan.calm_budget_bytes, plan.heuristic), stacklevel=4)
         else:
             items, compiling = chunks_for(plan, program, self.chunks, budget_bytes)
             planning += compiling
@@ -290,13 +265,16 @@ class _ValueAndGrad:
             outputs = execution.outputs()
             jax.block_until_ready(outputs)
             wall = time.perf_counter() - start
-        report = _report(plan.counters, plan.heuristic, wall, self.timeline and plan.timeline)
-        report.update(chunks=execution.dispatches, planning_time_s=planning, execution="chunks" if compiled else "steps")
+        report = _report(plan.counters, plan.heuristic, wall, self.timeline and plan.timeline, plan.baseline_cost)
+        report.update(
+            chunks=execution.dispatches, planning_time_s=planning, execution="chunks" if compiled else "steps", scans=plan.scans,
+            equations=program.num_equations,
+        )
         return outputs, report, plan.log if self.log is not None else None
 
     def _online(self, traced: Traced, budget_bytes: int, inputs: list, owned: list, check):
         """Runs the program with DTR deciding as it goes (the paper's algorithm)."""
-        program = traced.program
+        program = traced.online_program()
         recorder = TraceRecorder() if self.log is not None else None
         counters = Counters()
         observers: list = [counters]
@@ -312,7 +290,7 @@ class _ValueAndGrad:
             heuristic=get_heuristic(DEFAULT_HEURISTIC if self.heuristic == AUTO else self.heuristic),
             dealloc=self.dealloc,
             observers=observers,
-            device_bytes=_device_bytes(inputs, program.held_bytes),
+            device_bytes=allocator_bytes(inputs, program.held_bytes),
         )
         start = time.perf_counter()
         try:
@@ -328,7 +306,7 @@ class _ValueAndGrad:
             warnings.warn(ThrashWarning(counters.overhead, budget_bytes, None, runtime.heuristic.name), stacklevel=4)
         events = tuple(timeline.events) if timeline is not None else None
         report = _report(counters, runtime.heuristic.name, time.perf_counter() - start, events)
-        report.update(chunks=counters.computations, planning_time_s=0.0, execution="online")
+        report.update(chunks=counters.computations, planning_time_s=0.0, execution="online", equations=program.num_equations)
         return outputs, report, recorder.trace() if recorder is not None else None
 
     def _verified(self, err: OutOfBudgetError, traced: Traced, owned: list) -> OutOfBudgetError:
@@ -336,54 +314,43 @@ class _ValueAndGrad:
         which that run fits, verified in simulation, where it can be."""
         if err.suggested_budget_bytes is None:
             heuristic = DEFAULT_HEURISTIC if self.heuristic == AUTO else self.heuristic
-            suggested = verified_budget(traced.program, owned, self.dealloc, heuristic, err.budget_bytes)
+            suggested = verified_budget(traced.online_program(), owned, self.dealloc, heuristic, err.budget_bytes)
             if suggested is not None:
                 err.suggest(suggested)
         return err
 
 
-def _report(counters: Counters, heuristic: str, wall_time_s: float, timeline) -> dict[str, Any]:
-    """The `Stats` fields a run's counters give (planned or online alike)."""
+def _plan(traced: Traced, budget_bytes: int, heuristic, dealloc: str, owned: list, path) -> PlannedRun:
+    """A structure's first plan at this budget: of its program or, where its
+    scans are kept whole, of the scan strategy that computes least."""
+    if traced.variants is None:
+        return plan_run(traced.program, budget_bytes, heuristic, dealloc, owned, quick=True, path=path)
+    return plan_strategies(traced.variants, budget_bytes, heuristic, dealloc, owned, quick=True, path=path)
+
+
+def _report(
+    counters: Counters, heuristic: str, wall_time_s: float, timeline, baseline_cost: Optional[float] = None
+) -> dict[str, Any]:
+    """The `Stats` fields a run's counters give (planned or online alike).
+    Under a scan strategy, the baseline is the program as JAX differentiates
+    it, and what the strategy recomputes counts as rematerialization."""
+    base = counters.base_cost if baseline_cost is None else baseline_cost
+    total = counters.base_cost + counters.remat_cost
     return dict(
         **counters.totals(),
         pinned_bytes=counters.pinned_bytes,
-        base_cost=counters.base_cost * NANOSECOND,
-        remat_cost=counters.remat_cost * NANOSECOND,
-        overhead=counters.overhead,
+        base_cost=base * NANOSECOND,
+        remat_cost=(total - base) * NANOSECOND,
+        overhead=total / base if base > 0 else counters.overhead,
         wall_time_s=wall_time_s,
         heuristic=heuristic,
         timeline=timeline or None,
     )
 
 
-def _device_bytes(inputs: Sequence[Any], held: int) -> Optional[Callable[[], int]]:
-    """For a device whose allocator reports its use (GPUs, TPUs; not the
-    CPU): the bytes the run holds there by the allocator's count, `held`
-    (arguments, constants: on the device before the run) plus what it has
-    allocated since.
-
-    The allocator rounds buffers up to its blocks: on an H100, runs whose
-    count kept the budget used up to 18% more (docs/benchmarks.md)."""
-    # Where the operators run: a committed argument's device (all are on one,
-    # `_check_device`), else where JAX puts uncommitted work.
-    committed = [a for a in inputs if _jax_core.is_array(a) and getattr(a, "committed", False)]
-    if committed:
-        device = next(iter(committed[0].sharding.device_set))
-    else:
-        device = jax.config.jax_default_device or jax.devices()[0]
-        if isinstance(device, str):  # a platform name
-            device = jax.devices(device)[0]
-    stats = device.memory_stats()
-    if not stats or "bytes_in_use" not in stats:
-        return None
-    start = stats["bytes_in_use"]
-
-    return lambda: device.memory_stats()["bytes_in_use"] - start + held
-
-
 def _make(
     fun, argnums, has_aux, budget, heuristic, dealloc, cost_model, return_stats, debug, timeline, value, log=None, mode="planned",
-    chunks="auto", holomorphic=False, allow_int=False,
+    chunks="auto", holomorphic=False, allow_int=False, scans="keep",
 ):
     if not callable(fun):
         raise TypeError(f"expected a callable to differentiate; got {fun!r}")
@@ -400,6 +367,8 @@ def _make(
         raise ValueError(f"unknown mode {mode!r}; expected one of {MODES}")
     if chunks not in CHUNK_POLICIES:
         raise ValueError(f"unknown chunks policy {chunks!r}; expected one of {CHUNK_POLICIES}")
+    if scans not in SCAN_POLICIES:
+        raise ValueError(f"unknown scans policy {scans!r}; expected one of {SCAN_POLICIES}")
     if heuristic != AUTO:
         get_heuristic(heuristic)  # fails now on an unknown name
     return _ValueAndGrad(
@@ -418,6 +387,7 @@ def _make(
         mode,
         chunks,
         bool(holomorphic),
+        scans,
     )
 
 
@@ -438,6 +408,7 @@ def value_and_grad(
     log: "Optional[str | os.PathLike[str]]" = None,
     mode: str = "planned",
     chunks: str = "auto",
+    scans: str = "keep",
 ) -> Callable:
     """Like `jax.value_and_grad`, run eagerly under a device-memory budget.
 
@@ -488,6 +459,14 @@ def value_and_grad(
       chunks: how a plan runs: "auto" (one equation per dispatch the first
         time, compiled chunks from its second run on, when compiling pays),
         "always" (compiled chunks at once) or "never".
+      scans: "keep" (the default): a planned run keeps a `lax.scan` of 4 or
+        more iterations whole, one operation whose memory XLA's analysis
+        gives, under the strategy of what its iterations keep (every
+        residual; matmul outputs; the carry; the carry in 2 or 3 nested
+        checkpointed levels) whose plan computes least; it unrolls the
+        scan only where no strategy fits (`Stats.scans` says which).
+        "unroll": every iteration's tensors are DTR's to decide on, as an
+        online run always does.
 
     Returns:
       A function returning `(value, grads)` (or `((value, aux), grads)`),
@@ -507,7 +486,7 @@ def value_and_grad(
     """
     return _make(
         fun, argnums, has_aux, budget, heuristic, dealloc, cost_model, return_stats, debug, timeline, True, log, mode, chunks,
-        holomorphic, allow_int,
+        holomorphic, allow_int, scans,
     )
 
 
@@ -528,6 +507,7 @@ def grad(
     log: "Optional[str | os.PathLike[str]]" = None,
     mode: str = "planned",
     chunks: str = "auto",
+    scans: str = "keep",
 ) -> Callable:
     """Like `jax.grad`, run eagerly under a device-memory budget.
 
@@ -541,7 +521,7 @@ def grad(
     """
     return _make(
         fun, argnums, has_aux, budget, heuristic, dealloc, cost_model, return_stats, debug, timeline, False, log, mode, chunks,
-        holomorphic, allow_int,
+        holomorphic, allow_int, scans,
     )
 
 
@@ -557,8 +537,10 @@ def trace(fun: Callable, *args: Any, argnums: Union[int, Sequence[int]] = 0, has
     `CALL` per equation with sizes in bytes and `TIME` in nanoseconds of the
     default, deterministic cost model, a `RELEASE` at each value's last use;
     the outputs stay referenced. The log does not depend on a budget, so
-    `jdtr.simulate(jdtr.trace(f, *args), b)` takes the decisions of
-    `jdtr.grad(f, budget=b)(*args)` for a budget of `b` bytes.
+    `jdtr.simulate(jdtr.trace(f, *args), b, h)` takes the decisions of
+    `jdtr.grad(f, budget=b, heuristic=h, scans="unroll")(*args)` for a
+    budget of `b` bytes: scans unrolled, as the online mode runs them (a
+    planned run keeps them whole by default).
 
     Nothing runs, but each distinct operation is compiled once, to read the
     temporaries XLA needs for it (a `CALL` result named "workspace<n>"; the

@@ -18,6 +18,7 @@ import numpy as np
 
 from ..oplog import TraceRecorder
 from ..runtime import Operator, Runtime, Tensor, future_uses, operation_costs
+from . import _jax_core
 from .costs import nanoseconds
 from .program import Cond, Equation, Program, Value
 
@@ -218,3 +219,28 @@ def _reads(item: Any) -> list[Value]:
             reads.extend(_reads(inner))
         reads.extend(atom for atom in branch.outputs if isinstance(atom, Value))
     return reads
+
+
+def allocator_bytes(inputs: Sequence[Any], held: int) -> Optional[Callable[[], int]]:
+    """For a device whose allocator reports its use (GPUs, TPUs; not the
+    CPU): the bytes the run holds there by the allocator's count, `held`
+    (arguments, constants: on the device before the run) plus what it has
+    allocated since.
+
+    The allocator rounds buffers up to its blocks: on an H100, runs whose
+    count kept the budget used up to 18% more (docs/benchmarks.md)."""
+    # Where the operators run: a committed argument's device (all are on one,
+    # `_check_device`), else where JAX puts uncommitted work.
+    committed = [a for a in inputs if _jax_core.is_array(a) and getattr(a, "committed", False)]
+    if committed:
+        device = next(iter(committed[0].sharding.device_set))
+    else:
+        device = jax.config.jax_default_device or jax.devices()[0]
+        if isinstance(device, str):  # a platform name
+            device = jax.devices(device)[0]
+    stats = device.memory_stats()
+    if not stats or "bytes_in_use" not in stats:
+        return None
+    start = stats["bytes_in_use"]
+
+    return lambda: device.memory_stats()["bytes_in_use"] - start + held

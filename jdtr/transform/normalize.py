@@ -225,12 +225,7 @@ class _Normalizer:
 
     def keeps(self, eqn: Any) -> bool:
         """Whether a scan stays one equation (`keep_scans`, for scan-aware plans)."""
-        return (
-            self.keep_scans
-            and {"length", "num_consts", "num_carry", "reverse", "jaxpr"} <= eqn.params.keys()
-            and eqn.params["length"] >= MIN_KEPT_LENGTH
-            and not _jax_core.has_effects(eqn)
-        )
+        return self.keep_scans and keepable_scan(eqn)
 
     def can_unroll(self, eqn: Any) -> bool:
         if not {"length", "num_consts", "num_carry", "reverse", "jaxpr"} <= eqn.params.keys():
@@ -313,6 +308,17 @@ def dead_code_elimination(body: list[Item], outputs: Sequence[Atom]) -> list[Ite
             needed.update(item.args)
     kept.reverse()
     return kept
+
+
+def keepable_scan(eqn: Any) -> bool:
+    """Whether a `scan` equation can stay one equation of a program: one of
+    `MIN_KEPT_LENGTH` iterations or more, without effects (whose iterations
+    are never replayed), of a JAX whose parameters `scans.run_scan` reads."""
+    return (
+        {"length", "num_consts", "num_carry", "reverse", "jaxpr"} <= eqn.params.keys()
+        and eqn.params["length"] >= MIN_KEPT_LENGTH
+        and not _jax_core.has_effects(eqn)
+    )
 
 
 def normalize(closed_jaxpr: Any, cost_model: CostModel = None, keep_scans: bool = False) -> Program:

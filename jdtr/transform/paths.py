@@ -30,7 +30,6 @@ then runs the call online.
 from __future__ import annotations
 
 import threading
-import time
 from dataclasses import dataclass
 from typing import Sequence
 

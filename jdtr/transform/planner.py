@@ -155,6 +155,26 @@ class PlannedRun:
     last_taken: dict = field(default_factory=dict, repr=False)  # per cond (and per count of branches), the branch taken last
     timeline: Optional[tuple] = field(default=None, repr=False)
     log: Optional[Trace] = field(default=None, repr=False)
+    # Where the trace keeps scans whole (`scan_variants.py`): the program
+    # planned (a scan strategy's), what it does with the scans, and the cost
+    # of the program as JAX differentiates it, which the overhead is of.
+    program: Optional[Program] = field(default=None, repr=False)
+    scans: Optional[str] = None
+    baseline_cost: Optional[float] = None
+
+    @property
+    def overhead(self) -> float:
+        """(base + remat) / base; under a scan strategy, of the program as JAX
+        differentiates it, so that the strategy's recomputation counts."""
+        if not self.baseline_cost:
+            return self.counters.overhead
+        return (self.counters.base_cost + self.counters.remat_cost) / self.baseline_cost
+
+    def keeps_scans_of(self, other: "PlannedRun") -> "PlannedRun":
+        """This plan, of the program `other` was planned on (a plan refined,
+        or a path's, goes by its scan strategy)."""
+        self.program, self.scans, self.baseline_cost = other.program, other.scans, other.baseline_cost
+        return self
 
 
 class _Reads:
@@ -278,17 +298,21 @@ def plan_run(
     owned: Sequence[bool],
     quick: bool = False,
     path: Optional[Sequence[int]] = None,
+    suggest: bool = True,
 ) -> PlannedRun:
     """The cheapest schedule of `program` under `budget_bytes` among the
     candidates of `heuristic` or, `quick`, the first within `QUICK_OVERHEAD`
     (the rest left for `refine`). Raises `OutOfBudgetError` (with a
-    suggested budget) when none fits. With a `path`, a run whose `cond`s
-    take those branches (`lowering.lower_by_path`)."""
+    suggested budget, searched for unless `suggest` is False: a caller with
+    other programs to try) when none fits. With a `path`, a run whose
+    `cond`s take those branches (`lowering.lower_by_path`)."""
     start = time.perf_counter()
     simulate = _Simulation(program, owned, dealloc, path)
     search = _search(simulate, budget_bytes, candidates(heuristic, program), None, QUICK_OVERHEAD if quick else None)
     if search.best is None:
         assert search.error is not None, "a candidate without a remat limit either fits or runs out of memory"
+        if not suggest:
+            raise search.error
         raise search.error.suggest(_suggest_budget(simulate, candidates(heuristic, program), budget_bytes))
     result, counters, line, chosen = search.best
     plan = _planned(simulate, line, result, counters, chosen, search.tried, 0.0, search.remaining)
@@ -319,6 +343,7 @@ def refine(plan: PlannedRun, program: Program, owned: Sequence[bool], dealloc: s
         return plan
     better = _planned(simulate, line, result, counters, chosen, tried, plan.planning_time_s + elapsed, ())
     better.path, better.reads, better.runs = plan.path, plan.reads, plan.runs  # (its paths are planned anew: another candidate)
+    better.keeps_scans_of(plan)
     if counters.overhead > THRASH_OVERHEAD:
         better.calm_budget_bytes = plan.calm_budget_bytes
     return better
@@ -342,7 +367,7 @@ def plan_path(
     followed = _planned(simulate, line, result, counters, plan.candidate, ((result.heuristic, result.overhead),), 0.0, ())
     followed.path, followed.reads = simulate.path, simulate.reads
     followed.planning_time_s = time.perf_counter() - start
-    return followed
+    return followed.keeps_scans_of(plan)
 
 
 @collection_paused()

@@ -166,6 +166,14 @@ def _inner_length(length: int, levels: int) -> int:
     return k if 1 < k < length else 1
 
 
+def levels_within(length: int, levels: int, shortest: int) -> int:
+    """`levels`, or fewer, so that the outer scan of a nested one keeps at
+    least `shortest` iterations (a shorter scan would be unrolled)."""
+    while levels > 1 and length // _inner_length(length, levels) < shortest:
+        levels -= 1
+    return levels
+
+
 def carries_held(length: int, levels: int) -> int:
     """Carries a nested scan's backward pass holds below its outer level:
     one segment's at each inner level."""

@@ -1,0 +1,190 @@
+"""`jdtr.grad` with its scans kept whole: one traced program per scan strategy.
+
+A `jdtr.grad` run used to unroll every `scan`: DTR then decides on each
+iteration's tensors, but the program grows with the trip count (a 64-step
+LSTM: 3,479 equations), every chunk of a tight plan differs (compiling
+them took a minute), and chunks cut at the budget fuse less than the scan
+XLA makes of the loop. A scan's iterations are alike, so, as the compiled
+path does (`scans.py`), `jdtr.grad` keeps a scan of `MIN_KEPT_LENGTH` or
+more iterations as one equation, whose memory (its outputs, XLA's
+temporaries for it by `memory_analysis()`) the runtime accounts like any
+other's, and lets a `ScanStrategy` decide what its iterations keep.
+
+A strategy changes the program, not only its schedule: the backward scan
+of "carry" recomputes each iteration. So each strategy is a trace of its
+own: the user's function is traced once on shapes, and evaluated with each
+kept scan run under the strategy (`run_scan`), and that is differentiated
+and traced as the first trace was. `ScanVariants` makes them when a plan
+first needs them, and the unrolled program last, for the online mode and
+as the fallback where no strategy fits.
+
+`plan_strategies` plans each in turn, least recompute first, and keeps the
+plan of least total compute (the strategy's recomputation plus DTR's): a
+strategy that fits without rematerializing ends the search, as does one
+whose program alone costs more than the best plan so far. The unrolled
+program is planned where no strategy fits, or where the best recomputes
+more than `UNROLL_ABOVE` times the step.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass, field, replace
+from typing import Any, Callable, Optional, Sequence, Union
+
+from ..runtime import Heuristic, OutOfBudgetError
+from . import _jax_core
+from .normalize import MIN_KEPT_LENGTH, keepable_scan
+from .planner import QUICK_OVERHEAD, PlannedRun, plan_run
+from .program import Program
+from .scans import STRATEGIES, ScanStrategy, kept_scans, levels_within, run_scan
+
+# Call primitives whose body is evaluated in place, so that the scans in
+# them are kept too (`jax.jit` inside a model, Flax's lifted transforms).
+# Others (`custom_vjp`, `checkpoint`) are bound as they are: their scans
+# differentiate by the user's rule.
+_INLINED = ("pjit", "jit", "closed_call", "core_call")
+# Where the best strategy's plan computes more than this times the program
+# as JAX differentiates it, the unrolled program is planned too (DTR's
+# usual overhead at half the peak, as a quick plan's bar).
+UNROLL_ABOVE = QUICK_OVERHEAD
+
+
+def with_scans_under(closed: Any, strategy: ScanStrategy) -> Callable[..., list]:
+    """The closed jaxpr as a function, every kept scan (at any depth of
+    inlined calls) run under `strategy`: the same values, differentiated
+    with what the strategy keeps."""
+
+    def evaluate(jaxpr: Any, consts: Sequence[Any], args: Sequence[Any]) -> list:
+        env: dict = {}
+
+        def read(atom: Any) -> Any:
+            return atom.val if _jax_core.is_literal(atom) else env[atom]
+
+        env.update(zip(jaxpr.constvars, consts))
+        env.update(zip(jaxpr.invars, args))
+        for eqn in jaxpr.eqns:
+            operands = [read(a) for a in eqn.invars]
+            name = eqn.primitive.name
+            if name == "scan" and keepable_scan(eqn):
+                length = eqn.params["length"]
+                levels = levels_within(length, strategy.levels, MIN_KEPT_LENGTH)  # the outer scan stays kept
+                outs = run_scan(eqn.params, replace(strategy, levels=levels), *operands)
+            elif name in _INLINED and _jax_core.call_body(eqn) is not None:
+                inner, inner_consts = _jax_core.call_body(eqn)
+                outs = evaluate(inner, inner_consts, operands)
+            else:
+                subfuns, params = _jax_core.bind_params(eqn)
+                with eqn.ctx.manager:
+                    outs = eqn.primitive.bind(*subfuns, *operands, **params)
+                if not eqn.primitive.multiple_results:
+                    outs = [outs]
+            env.update(zip(eqn.outvars, outs))
+        return [read(a) for a in jaxpr.outvars]
+
+    jaxpr, consts = _jax_core.open_jaxpr(closed)
+    return lambda *args: evaluate(jaxpr, consts, args)
+
+
+@dataclass(eq=False)
+class ScanVariants:
+    """The programs of one traced structure under each scan strategy, made
+    on demand: `trace(strategy)` traces the value-and-grad with its scans
+    under `strategy`, `unroll()` normalises the first trace unrolled."""
+
+    first: Program  # the program as JAX differentiates it ("all"), scans kept
+    trace: Callable[[ScanStrategy], Program]
+    unroll: Callable[[], Program]
+    failed: dict = field(default_factory=dict, repr=False)  # per strategy, why it could not be traced
+    _programs: dict = field(default_factory=dict, repr=False)
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+    def program(self, strategy: Optional[ScanStrategy]) -> Optional[Program]:
+        """The program under `strategy` (None: unrolled); None where the
+        strategy could not be traced (`failed` says why)."""
+        with self._lock:
+            if strategy in self._programs:
+                return self._programs[strategy]
+            found = None
+            if strategy is None:
+                found = self.unroll()
+            elif strategy == STRATEGIES[0]:
+                found = self.first
+            else:
+                try:
+                    found = self.trace(strategy)
+                except Exception as err:  # noqa: BLE001 - a strategy that cannot be traced is one less to try
+                    self.failed[strategy] = err
+            self._programs[strategy] = found
+            return found
+
+    def describe(self, strategy: Optional[ScanStrategy]) -> str:
+        """What the plan under `strategy` does with the program's scans."""
+        if strategy is None:
+            return "unrolled: no scan strategy fits"
+        longest = self.longest()
+        lengths = sorted({e.scan["length"] for e in kept_scans(self.first).values()})
+        return f"kept whole ({', '.join(map(str, lengths))} iterations): {self.effective(strategy).describe(longest)}"
+
+    def longest(self) -> int:
+        return max(e.scan["length"] for e in kept_scans(self.first).values())
+
+    def effective(self, strategy: ScanStrategy) -> ScanStrategy:
+        """`strategy` as the longest scan runs it (in fewer levels where its
+        outer scan would be too short to keep)."""
+        return replace(strategy, levels=levels_within(self.longest(), strategy.levels, MIN_KEPT_LENGTH))
+
+
+def plan_strategies(
+    variants: ScanVariants,
+    budget_bytes: int,
+    heuristic: Union[str, Heuristic],
+    dealloc: str,
+    owned: Sequence[bool],
+    quick: bool,
+    path: Optional[Sequence[int]],
+) -> PlannedRun:
+    """The plan of least total compute over the strategies (or unrolled),
+    with the program it is of, what it does with the scans, and the cost of
+    the program as JAX differentiates it (its overhead's baseline). Raises
+    the unrolled program's `OutOfBudgetError` (with its verified budget)
+    where nothing fits."""
+    start = time.perf_counter()
+    baseline = variants.first.simulated_cost()
+    best: Optional[tuple[float, PlannedRun, Program, Optional[ScanStrategy]]] = None
+    for strategy in STRATEGIES:
+        if variants.effective(strategy) != strategy:
+            continue  # the same program as a strategy of fewer levels
+        program = variants.program(strategy)
+        if program is None:
+            continue
+        if best is not None and program.simulated_cost() >= best[0]:
+            break  # it recomputes more than the best plan does in all
+        try:
+            plan = plan_run(program, budget_bytes, heuristic, dealloc, owned, quick=quick, path=path, suggest=False)
+        except OutOfBudgetError:
+            continue
+        total = program.simulated_cost() + plan.counters.remat_cost
+        if best is None or total < best[0]:
+            best = (total, plan, program, strategy)
+        if plan.counters.remat_cost == 0:
+            break  # the strategies after it only recompute more
+    if best is None or best[0] > UNROLL_ABOVE * baseline:
+        # None fits, or the best recomputes much: DTR on every iteration's
+        # tensors may do better (it raises, with a budget that fits, where
+        # nothing does).
+        program = variants.program(None)
+        try:
+            plan = plan_run(program, budget_bytes, heuristic, dealloc, owned, quick=quick, path=path, suggest=best is None)
+        except OutOfBudgetError:
+            if best is None:
+                raise
+        else:
+            total = program.simulated_cost() + plan.counters.remat_cost
+            if best is None or total < best[0]:
+                best = (total, plan, program, None)
+    _, plan, program, strategy = best
+    plan.planning_time_s = time.perf_counter() - start  # tracing the strategies' programs included
+    plan.program, plan.scans, plan.baseline_cost = program, variants.describe(strategy), baseline
+    return plan

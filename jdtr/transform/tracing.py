@@ -1,0 +1,134 @@
+"""Tracing `jdtr.grad`'s value-and-grad, once per argument structure.
+
+The value-and-grad of the user's function is traced on the structure's
+shapes and normalised to a `Program` (`normalize.py`), with the temporaries
+XLA needs for each operation (`assign_workspaces`). Scans of
+`MIN_KEPT_LENGTH` iterations or more stay whole (`scan_variants.py`),
+except with `cost_model="measured"`, whose first run times each operator
+online; the programs of the other scan strategies, and the unrolled one,
+are traced when a plan or an online run first needs them.
+"""
+
+from __future__ import annotations
+
+import time
+import weakref
+from typing import Any, Callable, Optional, Sequence
+
+import jax
+
+from .arguments import Arguments
+from .aux import array_leaves, arrays_of_aux
+from .caches import Traced
+from .collection import collection_paused
+from .costs import MEASURED, CostModel
+from .executable import assign_workspaces
+from .normalize import normalize
+from .program import Program
+from .scan_variants import ScanVariants, with_scans_under
+from .scans import ScanStrategy, kept_scans
+
+_TRACED_CONTROL_FLOW = (
+    "jdtr traces the whole step before it runs it (as jax.jit does: it plans the run ahead), so Python "
+    "control flow on a value computed from the arguments (`if`, `float()`, `int()`, a loop bound) has no "
+    "value to read. Use lax.cond / lax.switch or jnp.where for branches, lax.scan or a fori_loop with "
+    "Python bounds for loops, or pass the value as a Python number: arguments that are not arrays are "
+    "static (part of the traced structure). Eager jax.grad runs such code; jax.jit(jax.grad) fails the same way."
+)
+
+
+@collection_paused()
+def trace_value_and_grad(
+    fun: Callable,
+    argnums: Sequence[int],
+    has_aux: bool,
+    holomorphic: bool,
+    cost_model: CostModel,
+    arguments: Arguments,
+    keep_scans: bool = True,
+) -> Traced:
+    """The traced, normalised value-and-grad of `fun` for this argument
+    structure; with `keep_scans`, its scans whole (`scan_variants.py`)."""
+    start = time.perf_counter()
+    closed, out_tree, aux = _value_and_grad_jaxpr(fun, argnums, has_aux, holomorphic, arguments)
+    keep = keep_scans and cost_model != MEASURED
+    program = _normalized(closed, cost_model, keep)
+    variants = None
+    if keep and kept_scans(program):
+        variants = ScanVariants(
+            program,
+            trace=_strategy_tracer(_weak(fun), argnums, has_aux, holomorphic, cost_model, arguments, aux),
+            unroll=lambda: _normalized(closed, cost_model, False),
+        )
+    traced = Traced(program, out_tree, program.unconstrained_peak(), time.perf_counter() - start, variants=variants)
+    traced.aux = aux
+    return traced
+
+
+def _value_and_grad_jaxpr(fun: Callable, argnums, has_aux: bool, holomorphic: bool, arguments: Arguments):
+    """The closed jaxpr of the value-and-grad, its output tree and, with
+    `has_aux`, the aux value's `Aux`."""
+    value_and_grads = jax.value_and_grad(fun, argnums, has_aux, holomorphic)
+    box: list = []
+    if has_aux:
+        value_and_grads = arrays_of_aux(value_and_grads, box)
+    try:
+        closed, out_shape = jax.make_jaxpr(arguments.bind(value_and_grads), return_shape=True)(*arguments.traced_specs)
+    except (jax.errors.ConcretizationTypeError, jax.errors.TracerIntegerConversionError) as err:
+        err.add_note(_TRACED_CONTROL_FLOW)  # JAX's message names jdtr's wrapper, not what to do
+        raise
+    return closed, jax.tree_util.tree_structure(out_shape), box[-1] if box else None
+
+
+def _normalized(closed: Any, cost_model: CostModel, keep_scans: bool) -> Program:
+    program = normalize(closed, cost_model, keep_scans=keep_scans)
+    assign_workspaces(program)
+    return program
+
+
+def _strategy_tracer(fun_ref, argnums, has_aux: bool, holomorphic: bool, cost_model: CostModel, arguments: Arguments, aux):
+    """What traces the value-and-grad with its scans under a strategy: the
+    function is traced once on shapes (its forward jaxpr, shared by the
+    strategies), and evaluated with each kept scan under the strategy."""
+    forward: list = []  # the forward jaxpr, once traced
+
+    def trace(strategy: ScanStrategy) -> Program:
+        if not forward:
+            fun = fun_ref()
+            if fun is None:
+                raise ReferenceError("the function was collected")
+            forward.append(jax.make_jaxpr(_flat_loss(fun, arguments, has_aux))(*arguments.traced_specs))
+        run = with_scans_under(forward[0], strategy)
+
+        def under_strategy(*args, **kwargs):
+            outs = run(*arguments.traced_leaves(args, kwargs))
+            return (outs[0], aux.rebuild(outs[1:])) if has_aux else outs[0]
+
+        closed, _, _ = _value_and_grad_jaxpr(under_strategy, argnums, has_aux, holomorphic, arguments)
+        return _normalized(closed, cost_model, True)
+
+    return trace
+
+
+def _flat_loss(fun: Callable, arguments: Arguments, has_aux: bool) -> Callable:
+    """`fun` as a function of the traced leaves, returning its value (and the
+    array leaves of its aux value)."""
+
+    def flat(*traced):
+        args, kwargs = arguments.unflatten(traced)
+        out = fun(*args, **kwargs)
+        if not has_aux:
+            return out
+        value, aux = out
+        return value, array_leaves(jax.tree_util.tree_leaves(aux))
+
+    return flat
+
+
+def _weak(fun: Callable) -> Callable[[], Optional[Callable]]:
+    """A reference to `fun` that does not keep it alive: the trace cache is
+    keyed weakly by the function, and its traces must not hold it."""
+    try:
+        return weakref.ref(fun)
+    except TypeError:
+        return lambda: fun
