@@ -119,10 +119,11 @@ class ScanVariants:
             self._programs[strategy] = found
             return found
 
-    def describe(self, strategy: Optional[ScanStrategy]) -> str:
-        """What the plan under `strategy` does with the program's scans."""
+    def describe(self, strategy: Optional[ScanStrategy], fitted: bool = False) -> str:
+        """What the plan under `strategy` does with the program's scans
+        (unrolled where None, though a strategy `fitted`)."""
         if strategy is None:
-            return "unrolled: no scan strategy fits"
+            return "unrolled: it computes less than any scan strategy that fits" if fitted else "unrolled: no scan strategy fits"
         longest = self.longest()
         lengths = sorted({e.scan["length"] for e in kept_scans(self.first).values()})
         return f"kept whole ({', '.join(map(str, lengths))} iterations): {self.effective(strategy).describe(longest)}"
@@ -170,6 +171,7 @@ def plan_strategies(
             best = (total, plan, program, strategy)
         if plan.counters.remat_cost == 0:
             break  # the strategies after it only recompute more
+    fitted = best is not None
     if best is None or best[0] > UNROLL_ABOVE * baseline:
         # None fits, or the best recomputes much: DTR on every iteration's
         # tensors may do better (it raises, with a budget that fits, where
@@ -186,5 +188,5 @@ def plan_strategies(
                 best = (total, plan, program, None)
     _, plan, program, strategy = best
     plan.planning_time_s = time.perf_counter() - start  # tracing the strategies' programs included
-    plan.program, plan.scans, plan.baseline_cost = program, variants.describe(strategy), baseline
+    plan.program, plan.scans, plan.baseline_cost = program, variants.describe(strategy, fitted), baseline
     return plan
