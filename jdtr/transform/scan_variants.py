@@ -36,7 +36,7 @@ from typing import Any, Callable, Optional, Sequence, Union
 from ..runtime import Heuristic, OutOfBudgetError
 from . import _jax_core
 from .normalize import MIN_KEPT_LENGTH, keepable_scan
-from .planner import QUICK_OVERHEAD, PlannedRun, plan_run
+from .planner import THRASH_OVERHEAD, PlannedRun, plan_run
 from .program import Program
 from .scans import STRATEGIES, ScanStrategy, kept_scans, levels_within, run_scan
 
@@ -46,9 +46,11 @@ from .scans import STRATEGIES, ScanStrategy, kept_scans, levels_within, run_scan
 # differentiate by the user's rule.
 _INLINED = ("pjit", "jit", "closed_call", "core_call")
 # Where the best strategy's plan computes more than this times the program
-# as JAX differentiates it, the unrolled program is planned too (DTR's
-# usual overhead at half the peak, as a quick plan's bar).
-UNROLL_ABOVE = QUICK_OVERHEAD
+# as JAX differentiates it (it thrashes), the unrolled program is planned
+# too. Not below: the carry in 2 nested levels recomputes the forward pass
+# twice, 1.6x on an LSTM, where DTR on its 3,479 unrolled equations took
+# 2.2x and 30 s more to plan.
+UNROLL_ABOVE = THRASH_OVERHEAD
 
 
 def with_scans_under(closed: Any, strategy: ScanStrategy) -> Callable[..., list]:
