@@ -246,7 +246,7 @@ def main(argv=None):
     import jax
 
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-    from grad_benchmark import machine
+    from grad_benchmark import machine, write_report
 
     if jax.devices()[0].memory_stats() is None:
         print(f"device_peak: {jax.devices()[0].platform} reports no memory_stats(); run this on a GPU or TPU", file=sys.stderr)
@@ -265,9 +265,7 @@ def main(argv=None):
             lines += remat_table(args.ratios, cache) + [""]
     text = "\n".join(lines)
     print(text)
-    if args.output:
-        with open(args.output, "a") as f:
-            f.write(text + "\n")
+    write_report(args.output, text)
     return 0
 
 

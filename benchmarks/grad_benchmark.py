@@ -46,6 +46,13 @@ def timed(fn, *args):
     return time.perf_counter() - start, out
 
 
+def write_report(path, text: str) -> None:
+    """Appends a report to `path` (docs/benchmarks.md), where one was given."""
+    if path:
+        with open(path, "a") as f:
+            f.write(text + "\n")
+
+
 def machine() -> str:
     cpu = platform.processor() or platform.machine()
     try:
@@ -328,9 +335,7 @@ def main(argv=None):
         ]
     )
     print(report)
-    if args.output:
-        with open(args.output, "a") as f:
-            f.write(report + "\n")
+    write_report(args.output, report)
 
 
 if __name__ == "__main__":

@@ -26,7 +26,7 @@ import jdtr
 from jdtr import models
 
 sys.path.insert(0, __file__.rsplit("/", 1)[0])
-from grad_benchmark import machine  # noqa: E402
+from grad_benchmark import machine, write_report  # noqa: E402
 
 NO_CSE = {"xla_disable_hlo_passes": "cse_barrier_expander"}
 # A built-in choice at most this much faster than a jdtr plan and no larger
@@ -144,9 +144,7 @@ def main(argv=None):
         print("\n".join(lines), file=sys.stderr)
     text = "\n".join(report)
     print(text)
-    if args.output:
-        with open(args.output, "a") as f:
-            f.write(text + "\n")
+    write_report(args.output, text)
     if args.plot:
         import matplotlib
 

@@ -25,7 +25,7 @@ import jdtr
 from jdtr import models
 
 sys.path.insert(0, __file__.rsplit("/", 1)[0])
-from grad_benchmark import machine  # noqa: E402
+from grad_benchmark import machine, write_report  # noqa: E402
 
 SUITE = {
     "lstm64": ("Flax LSTM in lax.scan, 64 steps, input and hidden 128, batch 32",
@@ -105,9 +105,7 @@ def main(argv=None):
         report += lines + [""]
     text = "\n".join(report)
     print(text)
-    if args.output:
-        with open(args.output, "a") as f:
-            f.write(text + "\n")
+    write_report(args.output, text)
 
 
 if __name__ == "__main__":

@@ -27,7 +27,7 @@ import jdtr  # noqa: E402
 from jdtr import models  # noqa: E402
 
 sys.path.insert(0, __file__.rsplit("/", 1)[0])
-from grad_benchmark import machine  # noqa: E402
+from grad_benchmark import machine, write_report  # noqa: E402
 
 MODELS = {
     "mlp16x256_b8192": lambda: models.mlp_chain(16, 256, 8192),
@@ -88,9 +88,7 @@ def main(argv=None):
         lines += rows(name, args.ratios)
     text = "\n".join(lines)
     print(text)
-    if args.output:
-        with open(args.output, "a") as f:
-            f.write(text + "\n")
+    write_report(args.output, text)
 
 
 if __name__ == "__main__":

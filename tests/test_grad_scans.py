@@ -18,6 +18,7 @@ import pytest
 from jax import lax
 
 import jdtr
+import jdtr.nnx
 from jdtr import models
 from jdtr.transform.planner import plan_run
 from jdtr.transform.scans import STRATEGIES
@@ -184,3 +185,34 @@ def test_scans_policy():
     unrolled = jdtr.grad(lstm_like, return_stats=True, scans="unroll")(params, xs)[1]
     assert kept.scans == "kept whole (6 iterations): each iteration saves every residual" and unrolled.scans is None
     assert unrolled.equations > 3 * kept.equations
+
+
+def test_jdtr_nnx_with_a_scan_trains_like_flax():
+    """`jdtr.nnx.value_and_grad` on a module whose LSTM cell runs in a scan
+    and whose BatchNorm mutates its statistics, with an aux value that is not
+    an array: the strategy's program gives flax's value, gradients and state."""
+    from flax import nnx
+
+    class Model(nnx.Module):
+        def __init__(self, rngs):
+            self.cell = nnx.OptimizedLSTMCell(8, 32, rngs=rngs)
+            self.bn = nnx.BatchNorm(32, rngs=rngs)
+            self.out = nnx.Linear(32, 1, rngs=rngs)
+
+        def __call__(self, xs):
+            zeros = jnp.zeros((xs.shape[1], 32))
+            _, hs = lax.scan(lambda carry, x: self.cell(carry, x), (zeros, zeros), xs)
+            return self.out(self.bn(hs[-1]))
+
+    def loss(model, xs):
+        y = model(xs)
+        return jnp.mean(y**2), y.shape[0]
+
+    xs = jax.random.normal(jax.random.PRNGKey(0), (16, 8, 8))
+    flax_model, model = Model(nnx.Rngs(0)), Model(nnx.Rngs(0))
+    (value, aux), grads = nnx.value_and_grad(loss, has_aux=True)(flax_model, xs)
+    ((got_value, got_aux), got), stats = jdtr.nnx.value_and_grad(loss, has_aux=True, budget=0.5, return_stats=True)(model, xs)
+    assert "every residual" not in stats.scans and got_aux == aux == 8
+    assert float(got_value) == pytest.approx(float(value), rel=1e-6)
+    assert_grads(nnx.state(got), nnx.state(grads))
+    assert_grads(nnx.state(model, nnx.BatchStat), nnx.state(flax_model, nnx.BatchStat))

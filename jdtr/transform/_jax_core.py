@@ -144,10 +144,9 @@ def traced_sharding(x: Any) -> Optional[Any]:
     where the context sets that mesh (`jax.set_mesh`), so that a step can be
     compiled for it; None where the type says nothing (`Auto` axes) or no
     mesh is set (XLA cannot lower for an abstract mesh alone)."""
-    sharding = getattr(getattr(x, "aval", None), "sharding", None)
-    spec = getattr(sharding, "spec", None)
-    if spec is None or all(p is None for p in spec):
+    if not sharded_type(x):
         return None
+    sharding = x.aval.sharding
     get_abstract_mesh = getattr(jax.sharding, "get_abstract_mesh", None)
     context = get_abstract_mesh() if get_abstract_mesh is not None else None
     if context is None or getattr(context, "empty", True) or dict(context.shape) != dict(sharding.mesh.shape):

@@ -188,15 +188,16 @@ def carries_held(length: int, levels: int) -> int:
 def with_strategy(program: Program, strategy: ScanStrategy) -> Program:
     """The program with every kept scan run under `strategy` (the same values:
     only what the backward pass keeps differs)."""
-    body = [
-        dataclasses.replace(item, trace=_traced(item.scan, strategy, item.inputs), fn=_traced(item.scan, strategy, item.inputs))
-        if isinstance(item, Equation) and item.scan is not None
-        else item
-        for item in program.body
-    ]
+    body = [_under(item, strategy) if isinstance(item, Equation) and item.scan is not None else item for item in program.body]
     made = Program(program.inputs, program.consts, body, program.outputs)
     made.names = program.names
     return made
+
+
+def _under(equation: Equation, strategy: ScanStrategy) -> Equation:
+    """A kept scan's equation run under `strategy` (one function to trace and to run)."""
+    run = _traced(equation.scan, strategy, equation.inputs)
+    return dataclasses.replace(equation, trace=run, fn=run)
 
 
 def _traced(params: dict, strategy: ScanStrategy, inputs: Optional[Sequence[Any]] = None):
@@ -225,7 +226,9 @@ def scan_memory(equation: Equation, strategy: ScanStrategy) -> ScanMemory:
     memo = _MEMORY.setdefault(equation, {})
     found = memo.get(strategy)
     if found is None:
-        found = memo[strategy] = _measure(equation, strategy)
+        if "iteration" not in memo:  # one iteration's residuals: the same under every strategy
+            memo["iteration"] = _iteration_residuals(equation)
+        found = memo[strategy] = _measure(equation, strategy, *memo["iteration"])
     return found
 
 
@@ -233,18 +236,31 @@ def scan_memory(equation: Equation, strategy: ScanStrategy) -> ScanMemory:
 _MEMORY: "weakref.WeakKeyDictionary[Equation, dict]" = weakref.WeakKeyDictionary()
 
 
-def _measure(equation: Equation, strategy: ScanStrategy) -> ScanMemory:
+def _specs(equation: Equation) -> tuple[list, list]:
+    """The specs of a kept scan's operands (literals too, as `run_scan`
+    takes them), and of its body's (one row of each scanned-over operand)."""
+    params = equation.scan
+    specs = [_spec(a) for a in equation.inputs]
+    split = params["num_consts"] + params["num_carry"]
+    return specs, [*specs[:split], *(_row(s) for s in specs[split:])]
+
+
+def _step(equation: Equation):
+    """A kept scan's body as a function of its operands, returning a list."""
+    body = _jax_core.jaxpr_function(equation.scan["jaxpr"])
+    return lambda *args: list(body(*args))
+
+
+def _iteration_residuals(equation: Equation) -> tuple[int, tuple[str, ...]]:
+    """Bytes and types of what one iteration of the body keeps for its backward pass."""
+    return hidden_residuals(_step(equation), _specs(equation)[1], describe=True)
+
+
+def _measure(equation: Equation, strategy: ScanStrategy, one: int, described: tuple[str, ...]) -> ScanMemory:
     params = equation.scan
     num_consts, num_carry = params["num_consts"], params["num_carry"]
-    specs = [_spec(a) for a in equation.inputs]  # every operand, literals too, as `run_scan` takes them
+    specs, body_specs = _specs(equation)
     kept, _ = hidden_residuals(_traced(params, strategy), specs)
-    body_specs = [*specs[: num_consts + num_carry], *(_row(s) for s in specs[num_consts + num_carry :])]
-    body = _jax_core.jaxpr_function(params["jaxpr"])
-
-    def step(*args):
-        return list(body(*args))
-
-    one, described = hidden_residuals(step, body_specs, describe=True)
     # Its backward pass holds the cotangents of its stacked outputs.
     cotangents = sum(v.nbytes for v in equation.outputs[num_carry:])
     if strategy.saves == "all":
@@ -257,7 +273,7 @@ def _measure(equation: Equation, strategy: ScanStrategy) -> ScanMemory:
     if strategy.saves == "carry":
         described = tuple(f"{_short(s)} (carry)" for s in carry)
     else:
-        saving = jax.checkpoint(step, policy=jax.checkpoint_policies.dots_with_no_batch_dims_saveable)
+        saving = jax.checkpoint(_step(equation), policy=jax.checkpoint_policies.dots_with_no_batch_dims_saveable)
         _, saved = hidden_residuals(saving, body_specs, describe=True, producers=False)
         described = tuple(f"{d} (dot_general)" for d in saved)
     return ScanMemory(kept, transient, described)
