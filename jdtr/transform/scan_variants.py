@@ -35,6 +35,7 @@ from typing import Any, Callable, Optional, Sequence, Union
 
 from ..runtime import Heuristic, OutOfBudgetError
 from . import _jax_core
+from .collection import collection_paused
 from .normalize import MIN_KEPT_LENGTH, keepable_scan
 from .planner import THRASH_OVERHEAD, PlannedRun, plan_run
 from .program import Program
@@ -73,9 +74,8 @@ def with_scans_under(closed: Any, strategy: ScanStrategy) -> Callable[..., list]
                 length = eqn.params["length"]
                 levels = levels_within(length, strategy.levels, MIN_KEPT_LENGTH)  # the outer scan stays kept
                 outs = run_scan(eqn.params, replace(strategy, levels=levels), *operands)
-            elif name in _INLINED and _jax_core.call_body(eqn) is not None:
-                inner, inner_consts = _jax_core.call_body(eqn)
-                outs = evaluate(inner, inner_consts, operands)
+            elif name in _INLINED and (call := _jax_core.call_body(eqn)) is not None:
+                outs = evaluate(*call, operands)
             else:
                 subfuns, params = _jax_core.bind_params(eqn)
                 with eqn.ctx.manager:
@@ -139,6 +139,7 @@ class ScanVariants:
         return replace(strategy, levels=levels_within(self.longest(), strategy.levels, MIN_KEPT_LENGTH))
 
 
+@collection_paused()  # it traces the strategies' programs, as the first trace did, with the collector paused
 def plan_strategies(
     variants: ScanVariants,
     budget_bytes: int,
@@ -162,13 +163,14 @@ def plan_strategies(
         program = variants.program(strategy)
         if program is None:
             continue
-        if best is not None and program.simulated_cost() >= best[0]:
+        cost = program.simulated_cost()
+        if best is not None and cost >= best[0]:
             break  # it recomputes more than the best plan does in all
         try:
             plan = plan_run(program, budget_bytes, heuristic, dealloc, owned, quick=quick, path=path, suggest=False)
         except OutOfBudgetError:
             continue
-        total = program.simulated_cost() + plan.counters.remat_cost
+        total = cost + plan.counters.remat_cost
         if best is None or total < best[0]:
             best = (total, plan, program, strategy)
         if plan.counters.remat_cost == 0:
