@@ -1,13 +1,16 @@
-"""`jdtr.plan` on sharded arguments: compiled bytes per device on a CPU mesh.
+"""`jdtr.plan` and `jdtr.grad` on sharded arguments: bytes per device on a CPU mesh.
 
 Runs on 8 host CPU devices (it sets `XLA_FLAGS` itself, before JAX starts).
 For each model, mesh and budget: XLA's bytes per device of the planned step
 (`memory_analysis()` of the partitioned program) against the budget and
 against `jax.jit(jax.grad)`'s bytes per device, and the largest gradient
-difference from `jax.grad`. Step times mean little on a 2-core machine
-running 8 devices, so there are none.
+difference from `jax.grad`. With `--grad`, the same for `jdtr.grad`: its
+peak per device by its own count and by the arrays' shards (`debug=True`),
+and its step time against `jax.jit(jax.grad)` (medians of interleaved
+repeats; they mean little on a 2-core machine running 8 devices).
 
     python benchmarks/sharded_benchmark.py --output docs/benchmarks.md
+    python benchmarks/sharded_benchmark.py --grad --output docs/benchmarks.md
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import os
+import statistics
 import sys
 
 os.environ["XLA_FLAGS"] = os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8"
@@ -27,7 +31,7 @@ import jdtr  # noqa: E402
 from jdtr import models  # noqa: E402
 
 sys.path.insert(0, __file__.rsplit("/", 1)[0])
-from grad_benchmark import machine, write_report  # noqa: E402
+from grad_benchmark import machine, timed, write_report  # noqa: E402
 
 MODELS = {
     "mlp16x256_b8192": lambda: models.mlp_chain(16, 256, 8192),
@@ -73,11 +77,65 @@ def rows(model_name: str, ratios) -> list[str]:
     return out
 
 
+def grad_rows(model_name: str, ratios, repeats: int) -> list[str]:
+    """`jdtr.grad` per mesh and budget: bytes per device and step times."""
+    m = MODELS[model_name]()
+    out = []
+    for mesh_name, (shape, names, weights) in MESHES.items():
+        mesh = jax.make_mesh(shape, names, axis_types=(AxisType.Auto,) * len(shape))
+        params = jax.device_put(m.params, NamedSharding(mesh, weights))
+        x = jax.device_put(m.batch, NamedSharding(mesh, P("data")))
+        compiled = jax.jit(jax.grad(m.loss))
+        full = per_device(jax.grad(m.loss), params, x)
+        reference = compiled(params, x)
+        for ratio in ratios:
+            step = jdtr.grad(m.loss, budget=ratio, return_stats=True)
+            try:
+                first, (_, stats) = timed(step, params, x)
+                checked = jdtr.grad(m.loss, budget=ratio, return_stats=True, debug=True)(params, x)[1]
+            except jdtr.OutOfBudgetError as err:
+                out.append(f"| {model_name} | {mesh_name} | {ratio} | {full / 2**20:.2f} | no plan fits: {err.suggested_budget_bytes} B | | | | | |")
+                continue
+            times: dict[str, list[float]] = {"jdtr": [], "jit": []}
+            for _ in range(repeats):  # interleaved, after the first (planning) call and a chunked one
+                times["jdtr"].append(timed(step, params, x)[0])
+                times["jit"].append(timed(compiled, params, x)[0])
+            grads, stats = step(params, x)
+            error = max(float(jnp.max(jnp.abs(a - b))) for a, b in zip(grads, reference))
+            ratio_time = statistics.median(times["jdtr"]) / statistics.median(times["jit"])
+            out.append(
+                f"| {model_name} | {mesh_name} | {ratio} | {full / 2**20:.2f} | {stats.unconstrained_peak_bytes / 2**20:.2f} | "
+                f"{stats.budget_bytes / 2**20:.2f} | {stats.peak_bytes / 2**20:.2f} | {checked.live_peak_bytes / 2**20:.2f} | "
+                f"{stats.chunks} | {first:.1f} s | {ratio_time:.2f} | {error:.1e} |"
+            )
+    return out
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--ratios", type=float, nargs="+", default=[1.0, 0.5, 0.3])
     parser.add_argument("--output")
+    parser.add_argument("--grad", action="store_true", help="jdtr.grad instead of jdtr.plan")
+    parser.add_argument("--repeats", type=int, default=5)
     args = parser.parse_args(argv)
+    if args.grad:
+        lines = [f"### `jdtr.grad` on sharded arguments: bytes per device on an 8-device CPU mesh (issue 24), "
+                 f"{datetime.date.today().isoformat()}", "",
+                 f"Command: `python benchmarks/sharded_benchmark.py --grad`. Machine: {machine()}, 8 host devices. "
+                 "A budget is a fraction of `jdtr.grad`'s unconstrained peak per device. Peaks: `Stats.peak_bytes` "
+                 "(jdtr's count) and `Stats.live_peak_bytes` (`debug=True`: the shards of `jax.live_arrays()` per "
+                 "device, after every step). Step time: median of interleaved repeats against `jax.jit(jax.grad)` "
+                 "(8 devices on 2 cores: a rough guide only).", "",
+                 "| model | mesh | budget | jax.jit(jax.grad) MiB per device | unconstrained peak MiB | budget MiB | "
+                 "peak MiB | live peak MiB | dispatches | first call | step / jax.jit(jax.grad) | max grad difference |",
+                 "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+        for name in MODELS:
+            print(f"benchmarking jdtr.grad on {name} ...", file=sys.stderr)
+            lines += grad_rows(name, args.ratios, args.repeats)
+        text = "\n".join(lines)
+        print(text)
+        write_report(args.output, text)
+        return
     lines = [f"### Sharded arguments: bytes per device on an 8-device CPU mesh (issue 24), {datetime.date.today().isoformat()}", "",
              f"Command: `python benchmarks/sharded_benchmark.py`. Machine: {machine()}, 8 host devices. "
              "Bytes: XLA's arguments + outputs + temporaries per device, of the partitioned step.", "",

@@ -17,7 +17,9 @@ class Stats:
     default XLA cost model, measured seconds with `cost_model="measured"`).
 
     Attributes:
-      budget_bytes: the budget in force.
+      budget_bytes: the budget in force. Every byte count is per device:
+        on arguments sharded over a mesh, of the device that holds most
+        (`devices` says over how many).
       peak_bytes: the most bytes the runtime held at once.
       unconstrained_peak_bytes: the peak with no budget (values freed at last use).
       pinned_bytes: bytes that could never be evicted (arguments, constants,
@@ -44,6 +46,8 @@ class Stats:
       scans: where the program has scans kept whole (planned runs), what
         the plan does with them: the strategy of what each iteration keeps
         (its recomputation counts in `remat_cost`), or "unrolled".
+      devices: the devices the run is placed on: 1, or on arguments
+        sharded over a mesh, the mesh's (the byte counts are per device).
     """
 
     budget_bytes: int
@@ -68,10 +72,12 @@ class Stats:
     planning_time_s: float = 0.0
     scans: Optional[str] = None
     timeline: Optional[tuple[TimelineEvent, ...]] = field(default=None, repr=False)
+    devices: int = 1
 
     def summary(self) -> str:
+        where = f" per device ({self.devices} devices)" if self.devices > 1 else ""
         return (
-            f"peak {format_bytes(self.peak_bytes)} / budget {format_bytes(self.budget_bytes)} "
+            f"peak {format_bytes(self.peak_bytes)} / budget {format_bytes(self.budget_bytes)}{where} "
             f"(unconstrained {format_bytes(self.unconstrained_peak_bytes)}), "
             f"{self.evictions} evictions, {self.rematerializations} rematerializations, "
             f"overhead {self.overhead:.3f}x, {self.wall_time_s * 1e3:.1f} ms"

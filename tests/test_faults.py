@@ -285,13 +285,18 @@ for args, name in [((x, y), "argument 1"), ((y, {"b": x}), "argument 1['b']")]:
     else:
         raise AssertionError("arguments on two devices were accepted")
 sharded = jax.device_put(jnp.ones(4), NamedSharding(Mesh(np.array([d0, d1]), ("i",)), PartitionSpec("i")))
-try:
-    jdtr.grad(loss)(sharded, jnp.ones(4))
+try:  # a mesh and one of its devices: not one placement
+    jdtr.grad(loss, argnums=(0, 1))(sharded, y)
 except ValueError as err:
-    assert "argument 0 is sharded over 2 devices" in str(err), str(err)
+    assert "argument 0 is on 2 devices" in str(err) and "same mesh" in str(err), str(err)
 else:
-    raise AssertionError("an array sharded over two devices was accepted")
+    raise AssertionError("an array sharded over two devices and one on a single device were accepted")
 assert traces == [], "work started before the check"
+# Arrays sharded over one mesh run there.
+g = jdtr.grad(loss)(sharded, jnp.ones(4))
+assert g.sharding.is_equivalent_to(sharded.sharding, 1), g.sharding
+np.testing.assert_allclose(g, jax.grad(loss)(jnp.ones(4), jnp.ones(4)), rtol=1e-6)
+traces.clear()
 # Uncommitted arrays follow the committed ones, as under jit; one device is fine.
 g = jdtr.grad(loss, argnums=(0, 1))(jnp.ones(4), y)
 np.testing.assert_allclose(g[1], jax.grad(loss, argnums=1)(jnp.ones(4), y), rtol=1e-6)

@@ -133,3 +133,131 @@ def test_plans_on_sharded_arguments_keep_a_budget_per_device():
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-4000:]
     for expected in ("mesh (2, 4) 0.3", "collectives ok", "arguments per device ok", "explicit ok", "auto warned"):
         assert expected in result.stdout, result.stdout
+
+
+GRAD_SCRIPT = textwrap.dedent(
+    """
+    from collections import Counter
+    import jax, jax.numpy as jnp, numpy as np
+    from jax.sharding import AxisType, NamedSharding, PartitionSpec as P
+    import jdtr, jdtr.nnx
+    from flax import nnx
+    from jdtr import models
+    assert len(jax.devices()) == 8
+
+    def loss(ws, x):  # 16 layers; on the 2x4 mesh, weights alternate column and row sharding (Megatron's)
+        for w in ws:
+            x = jnp.tanh(x @ w)
+        return jnp.mean(x ** 2)
+
+    def live():  # the arrays alive, by placement and shape
+        return sorted((str(a.sharding), a.shape) for a in jax.live_arrays())
+
+    m = models.mlp_chain(layers=16, width=64, batch=8192)
+    one_device = jdtr.grad(m.loss, return_stats=True)(m.params, m.batch)[1].unconstrained_peak_bytes
+    for shape, names, specs in (((8,), ("data",), [P()] * 16), ((2, 4), ("data", "model"), [P(None, "model"), P("model", None)] * 8)):
+        mesh = jax.make_mesh(shape, names, axis_types=(AxisType.Auto,) * len(shape))
+        params = [jax.device_put(w, NamedSharding(mesh, s)) for w, s in zip(m.params, specs)]
+        x = jax.device_put(m.batch, NamedSharding(mesh, P("data")))
+        reference = jax.jit(jax.grad(loss))(params, x)
+        expected = [np.asarray(r) for r in reference]  # (reading an array caches its shards on it)
+        before = live()
+        for budget in (1.0, 0.5, 0.3):
+            step = jdtr.grad(loss, budget=budget, return_stats=True, debug=True)
+            for call in range(3):  # step by step, then as compiled chunks
+                grads, stats = step(params, x)
+                assert stats.devices == 8
+                assert stats.unconstrained_peak_bytes < one_device / 2, (stats.unconstrained_peak_bytes, one_device)
+                assert stats.budget_bytes == int(budget * stats.unconstrained_peak_bytes)
+                # Per device, counted over the arrays' shards (debug=True checks it after every step).
+                assert stats.peak_bytes <= stats.budget_bytes and stats.live_peak_bytes <= stats.budget_bytes
+                for g, r, e in zip(grads, reference, expected):
+                    assert g.sharding.is_equivalent_to(r.sharding, g.ndim), (g.sharding, r.sharding)
+                    np.testing.assert_allclose(np.asarray(g), e, rtol=1e-4, atol=1e-6)
+            assert stats.execution == "chunks", stats
+            assert (stats.rematerializations > 0) == (budget < 1.0), stats
+            del grads, g
+            assert not Counter(live()) - Counter(before), "a run left arrays behind"
+            print("grad", shape, budget, stats.execution, stats.chunks, round(stats.peak_bytes / stats.unconstrained_peak_bytes, 3))
+        (value, grads), stats = jdtr.value_and_grad(loss, budget=0.5, mode="online", return_stats=True, debug=True)(params, x)
+        assert stats.execution == "online" and stats.live_peak_bytes <= stats.budget_bytes
+        np.testing.assert_allclose(value, loss(m.params, m.batch), rtol=1e-5)
+        for g, r, e in zip(grads, reference, expected):
+            assert g.sharding.is_equivalent_to(r.sharding, g.ndim)
+            np.testing.assert_allclose(np.asarray(g), e, rtol=1e-4, atol=1e-6)
+        print("online", shape)
+
+    # Flax NNX, data parallel: gradients and batch statistics as nnx.grad's.
+    class Net(nnx.Module):
+        def __init__(self, rngs):
+            self.layers = nnx.List([nnx.Linear(64, 64, rngs=rngs) for _ in range(6)])
+            self.bn = nnx.BatchNorm(64, rngs=rngs)
+
+        def __call__(self, x):
+            for layer in self.layers:
+                x = jnp.tanh(layer(x))
+            return self.bn(x)
+
+    mesh = jax.make_mesh((8,), ("data",), axis_types=(AxisType.Auto,))
+    model = Net(nnx.Rngs(0))
+    nnx.update(model, jax.device_put(nnx.state(model), NamedSharding(mesh, P())))
+    twin = nnx.clone(model)
+    x = jax.device_put(m.batch, NamedSharding(mesh, P("data")))
+    objective = lambda net, x: jnp.mean(net(x) ** 2)
+    expected = nnx.grad(objective)(twin, x)
+    got, stats = jdtr.nnx.grad(objective, budget=0.4, return_stats=True, debug=True)(model, x)
+    assert stats.devices == 8 and stats.live_peak_bytes <= stats.budget_bytes
+    for g, r in zip(jax.tree.leaves(nnx.state(got)), jax.tree.leaves(nnx.state(expected))):
+        np.testing.assert_allclose(np.asarray(g), np.asarray(r), rtol=1e-4, atol=1e-6)
+    np.testing.assert_allclose(np.asarray(model.bn.mean[...]), np.asarray(twin.bn.mean[...]), rtol=1e-5, atol=1e-7)
+    print("nnx ok")
+
+    # Collectives in the step: shard_map with a psum in every layer.
+    try:
+        from jax import shard_map
+    except ImportError:
+        from jax.experimental.shard_map import shard_map
+
+    def layer(w, h):
+        h = jnp.tanh(h @ w)
+        return h * jax.lax.rsqrt(jax.lax.psum(jnp.mean(h * h), "data") / 8 + 1.0)
+
+    def collective_loss(ws, x):
+        for w in ws:
+            x = shard_map(layer, mesh=mesh, in_specs=(P(), P("data")), out_specs=P("data"))(w, x)
+        return jnp.mean(x ** 2)
+
+    params = [jax.device_put(w, NamedSharding(mesh, P())) for w in m.params]
+    reference = jax.jit(jax.grad(collective_loss))(params, x)
+    for budget in (0.5, 0.3):
+        step = jdtr.grad(collective_loss, budget=budget, return_stats=True, debug=True)
+        for call in range(2):
+            grads, stats = step(params, x)
+            assert stats.rematerializations > 0 and stats.live_peak_bytes <= stats.budget_bytes
+            for g, r in zip(grads, reference):
+                np.testing.assert_allclose(np.asarray(g), np.asarray(r), rtol=1e-4, atol=1e-6)
+    print("collectives ok")
+
+    # Arguments on a mesh over the budget: the error says it is per device.
+    try:
+        jdtr.grad(loss, budget=0.05)(params, x)
+        raise AssertionError("ran below its arguments' bytes")
+    except jdtr.OutOfBudgetError as err:
+        assert "per device" in str(err) + " ".join(getattr(err, "__notes__", [])), err
+    print("errors ok")
+    """
+)
+
+
+def test_grad_on_sharded_arguments_keeps_a_budget_per_device():
+    """`jdtr.grad`, `value_and_grad` and `jdtr.nnx` on arguments sharded over
+    8 CPU devices: the run's steps and chunks are XLA's partitioned programs,
+    every value counted on one device by the sharding XLA gives it."""
+    flags = "--xla_force_host_platform_device_count=8"
+    if jax.__version_info__ >= (0, 10):
+        flags += " --xla_cpu_collective_call_terminate_timeout_seconds=600"
+    env = dict(os.environ, XLA_FLAGS=flags, JAX_PLATFORMS="cpu")
+    result = subprocess.run([sys.executable, "-c", GRAD_SCRIPT], env=env, capture_output=True, text=True, timeout=900)
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-4000:]
+    for expected in ("grad (2, 4) 0.3", "online (2, 4)", "nnx ok", "collectives ok", "errors ok"):
+        assert expected in result.stdout, result.stdout

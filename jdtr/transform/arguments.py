@@ -62,7 +62,10 @@ def leaf_spec(leaf: Any, differentiated: bool, where: str) -> Spec:
     if _jax_core.is_array(leaf):
         if leaf.is_deleted():
             raise ValueError(f"{where} is a deleted jax.Array; its buffer was freed before the call")
-        return jax.ShapeDtypeStruct(leaf.shape, leaf.dtype, weak_type=getattr(leaf, "weak_type", False))
+        # An array sharded over several devices runs there, its values as
+        # XLA shards them: its sharding is part of the structure.
+        sharding = leaf.sharding if len(leaf.sharding.device_set) > 1 else None
+        return jax.ShapeDtypeStruct(leaf.shape, leaf.dtype, weak_type=getattr(leaf, "weak_type", False), sharding=sharding)
     if isinstance(leaf, (np.ndarray, np.generic)):
         # As jax.grad does: float64 becomes float32 unless x64 is enabled (silently).
         return jax.ShapeDtypeStruct(np.shape(leaf), jax.dtypes.canonicalize_dtype(np.asarray(leaf).dtype))
@@ -102,27 +105,29 @@ def unseen_mesh(args: tuple, kwargs: dict) -> int:
     return max((_jax_core.traced_mesh_devices(leaf) for leaf in leaves if _jax_core.is_tracer(leaf)), default=1)
 
 
-def _check_device(leaf: Any, where: str, device: Optional[tuple[Any, str]]) -> Optional[tuple[Any, str]]:
-    """Every operation runs on one device, whose memory the budget bounds:
-    committed arguments must all be on it (uncommitted ones follow, as under
-    jit). Returns the (device, argument) seen first."""
+def _check_device(leaf: Any, where: str, devices: Optional[tuple[frozenset, str]]) -> Optional[tuple[frozenset, str]]:
+    """Every operation runs on the devices whose memory the budget bounds
+    (each device's): committed arguments must all be on them, one device or
+    one mesh's (uncommitted ones follow, as under jit). Returns the (devices,
+    argument) seen first."""
     if not _jax_core.is_array(leaf) or not getattr(leaf, "committed", False):
-        return device
-    devices = leaf.sharding.device_set
-    if len(devices) != 1:
-        raise ValueError(
-            f"{where} is sharded over {len(devices)} devices, but jdtr runs every operation on one device "
-            "under one budget; pass arrays on a single device (jax.device_put(x, device))"
-        )
-    (here,) = devices
-    if device is None:
+        return devices
+    here = frozenset(leaf.sharding.device_set)
+    if devices is None:
         return here, where
-    if here != device[0]:
+    if here != devices[0]:
         raise ValueError(
-            f"{where} is on {here} but {device[1]} is on {device[0]}; jdtr runs every operation on one device "
-            "under one budget, so put all arguments on the same device (jax.device_put(x, device))"
+            f"{where} is on {_places(here)} but {devices[1]} is on {_places(devices[0])}; jdtr runs every "
+            "operation on the arguments' devices, under a budget per device, so put all arguments on the same "
+            "device (jax.device_put(x, device)) or shard them over the same mesh (jax.sharding.NamedSharding)"
         )
-    return device
+    return devices
+
+
+def _places(devices: frozenset) -> str:
+    if len(devices) == 1:
+        return str(next(iter(devices)))
+    return f"{len(devices)} devices ({', '.join(str(d) for d in sorted(devices, key=lambda d: d.id)[:4])}...)"
 
 
 @dataclass(frozen=True, eq=False)
@@ -186,7 +191,7 @@ def flatten_arguments(
     Args:
       argnums: the differentiated positional arguments.
       eager: True for `jdtr.grad`, which runs on concrete arrays: a tracer
-        is an error, and committed arrays must share one device. False for
+        is an error, and committed arrays must share one device or one mesh. False for
         planning, where tracers and `ShapeDtypeStruct`s count by shape.
     """
     argnum_tuple = argnums_tuple(argnums)
@@ -199,7 +204,7 @@ def flatten_arguments(
     diff = {i % len(args) for i in argnum_tuple}
     paths, treedef = jax.tree_util.tree_flatten_with_path((args, kwargs))
     leaves, specs, flags = [], [], []
-    device: Optional[tuple[Any, str]] = None  # the first committed argument's device
+    devices: Optional[tuple[frozenset, str]] = None  # the first committed argument's devices
     for path, leaf in paths:
         differentiated = path[0].idx == 0 and path[1].idx in diff
         where = f"argument {describe(path)}"
@@ -214,7 +219,7 @@ def flatten_arguments(
             spec = jax.ShapeDtypeStruct(leaf.shape, leaf.dtype, weak_type=spec.weak_type, sharding=leaf.sharding)
         specs.append(spec)
         if eager:
-            device = _check_device(leaf, where, device)
+            devices = _check_device(leaf, where, devices)
     return leaves, Arguments(treedef, tuple(specs), tuple(flags))
 
 

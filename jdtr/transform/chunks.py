@@ -39,6 +39,7 @@ from typing import Any, Callable, Hashable, Optional, Sequence, Union
 import jax
 
 from ..offline import Compute, Free, Read, StraightLine
+from .program import Value
 
 # Compiled chunks kept, least recently used first out.
 MAX_COMPILED_CHUNKS = 1024
@@ -255,8 +256,13 @@ def _compiled(
             position[slot] = len(position)
     out_refs = tuple(position[s] for s in outputs)
     executables = tuple(step.payload.executable for step in steps)
-    in_types = tuple((tuple(avals[s].shape), str(avals[s].dtype), bool(avals[s].weak_type)) for s in inputs)
-    key = (tuple(map(id, executables)), tuple(wiring), out_refs, donated, in_types)
+    in_types = tuple((tuple(avals[s].shape), str(avals[s].dtype), bool(avals[s].weak_type), _sharding(avals[s])) for s in inputs)
+    # On a mesh, a chunk's outputs keep the shardings its equations give them
+    # (the plan counted their bytes per device by those): XLA would otherwise
+    # choose for the chunk as a whole, and could replicate what was sharded.
+    out_shardings = tuple(_sharding(avals[s]) for s in outputs)
+    sharded = any(x is not None for x in out_shardings) or any(t[3] is not None for t in in_types)
+    key = (tuple(map(id, executables)), tuple(wiring), out_refs, donated, in_types, out_shardings)
     with _LOCK:
         found = _COMPILED.get(key)
         if found is not None:
@@ -270,12 +276,16 @@ def _compiled(
             env.extend(trace(*[env[r] for r in refs]))
         return tuple(env[r] for r in out_refs)
 
-    structs = [jax.ShapeDtypeStruct(avals[s].shape, avals[s].dtype, weak_type=avals[s].weak_type) for s in inputs]
+    structs = [
+        jax.ShapeDtypeStruct(avals[s].shape, avals[s].dtype, weak_type=avals[s].weak_type, sharding=_sharding(avals[s]))
+        for s in inputs
+    ]
+    options = dict(out_shardings=out_shardings) if sharded else {}
     with warnings.catch_warnings():
         # Donated inputs XLA cannot reuse for an output are only deleted after
         # the chunk: as planned, so JAX's warning about them says nothing new.
         warnings.filterwarnings("ignore", message="Some donated buffers were not usable")
-        compiled = jax.jit(program, donate_argnums=donated).lower(*structs).compile()
+        compiled = jax.jit(program, donate_argnums=donated, **options).lower(*structs).compile()
     analysis = compiled.memory_analysis()
     code = 0
     if analysis is None:  # no analysis: count every output and no temporaries
@@ -293,6 +303,13 @@ def _compiled(
         while len(_COMPILED) > MAX_COMPILED_CHUNKS:
             _COMPILED.popitem(last=False)
     return compiled, sizes
+
+
+def _sharding(aval: Any) -> Any:
+    """A slot's sharding over a mesh (`Value.sharding`), None on one device
+    (and for an external array's abstract value, whose type's sharding is
+    not a placement)."""
+    return aval.sharding if isinstance(aval, Value) else None
 
 
 def compiled_chunks() -> int:

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Optional, Sequence
+from typing import Any, Optional, Sequence
 
 import jax
 
@@ -36,6 +36,12 @@ def _devices(sharding) -> int:
     if mesh is not None:  # a NamedSharding, on a concrete or an abstract mesh (a type under jit)
         return int(mesh.size)
     return len(sharding.device_set)
+
+
+def spread(sharding: Any) -> Optional[Any]:
+    """`sharding` where it places an array over several devices, else None:
+    a value on one device runs where JAX puts uncommitted work, as before."""
+    return sharding if _devices(sharding) > 1 else None
 
 
 def device_bytes(spec) -> int:

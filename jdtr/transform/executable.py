@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import threading
 from dataclasses import dataclass, field
-from typing import Any, Callable, Hashable, Sequence
+from typing import Any, Callable, Hashable, Optional, Sequence
 
 import jax
 import numpy as np
@@ -35,7 +35,18 @@ class Executable:
     trace: Callable[..., list[Any]]  # not jitted: binds the primitive under any trace
     info: Any = None  # cached OpInfo under the XLA cost model
     cost: Any = None  # cached cost under the default (roofline) model: an executable's key fixes its shapes
-    temps: dict = field(default_factory=dict)  # XLA temporary bytes, per input types
+    analyses: dict = field(default_factory=dict)  # `Analysis` per input types (and shardings)
+    placed: bool = False  # its outputs' shardings are fixed (`placed_executable`)
+
+
+@dataclass(frozen=True)
+class Analysis:
+    """What XLA's compilation of an executable for given inputs says:
+    its temporary bytes (per device, for a partitioned program) and the
+    shardings it gives its outputs (None where it cannot say)."""
+
+    temps: int
+    out_shardings: Optional[tuple[Any, ...]]
 
 
 _CACHE: dict[Hashable, Executable] = {}
@@ -56,21 +67,23 @@ def executable(
     key: Hashable,
     build: Callable[[], Callable[..., Any]],
     multiple_results: bool,
+    out_shardings: Optional[tuple] = None,
 ) -> Executable:
-    """The cached executable for `key`, built by `build()` on first use."""
+    """The cached executable for `key`, built by `build()` on first use
+    (with `out_shardings`, compiled to give its outputs those shardings)."""
     with _LOCK:
         found = _CACHE.get(key)
         if found is not None:
             return found
     impl = build()
-    fn = jax.jit(impl)
+    fn = jax.jit(impl) if out_shardings is None else jax.jit(impl, out_shardings=out_shardings)
     if multiple_results:
         call = lambda *args: list(fn(*args))  # noqa: E731
         trace = lambda *args: list(impl(*args))  # noqa: E731
     else:
         call = lambda *args: [fn(*args)]  # noqa: E731
         trace = lambda *args: [impl(*args)]  # noqa: E731
-    made = Executable(call, fn, trace)
+    made = Executable(call, fn, trace, placed=out_shardings is not None)
     try:
         with _LOCK:
             _CACHE[key] = made
@@ -90,13 +103,17 @@ def primitive_executable(eqn: "_jax_core.JaxprEqn", inputs: Sequence[Any]) -> Ex
     slots = tuple(None if not isinstance(a, Const) else a.value for a in inputs)
     is_const = tuple(isinstance(a, Const) for a in inputs)
     ctx = eqn.ctx
+    multiple = primitive.multiple_results
 
     def build():
         def fn(*args):
             it = iter(args)
             full = [slot if const else next(it) for slot, const in zip(slots, is_const)]
             with ctx.manager:
-                return primitive.bind(*subfuns, *full, **params)
+                out = primitive.bind(*subfuns, *full, **params)
+            # (several results as a list: some primitives bind to a sequence of
+            # their own, which jit does not take as an output, e.g. shard_map's)
+            return list(out) if multiple else out
 
         return fn
 
@@ -114,22 +131,39 @@ def primitive_executable(eqn: "_jax_core.JaxprEqn", inputs: Sequence[Any]) -> Ex
     return executable(key, build, primitive.multiple_results)
 
 
+def placed_executable(exe: Executable, out_shardings: tuple) -> Executable:
+    """`exe` giving its outputs `out_shardings` (None: XLA's choice)."""
+    original = exe.trace  # (the new executable holds it, and so `exe`'s id stays its own)
+    return executable(("placed", id(exe), out_shardings), lambda: lambda *args: tuple(original(*args)), True, out_shardings)
+
+
+def analysis(exe: Executable, args: Sequence[Any]) -> Analysis:
+    """XLA's analysis of one run of `exe` on values like `args` (anything
+    with a shape, a dtype, a weak type and, for values sharded over a mesh,
+    a `sharding`): the compilation a first call makes, so it is not paid
+    twice. No temporaries and no shardings where XLA cannot say."""
+    # (dtypes as themselves: hashable, and `str` of a dtype is slow in numpy)
+    key = tuple((tuple(a.shape), a.dtype, a.weak_type, getattr(a, "sharding", None)) for a in args)
+    found = exe.analyses.get(key)
+    if found is None:
+        structs = [jax.ShapeDtypeStruct(a.shape, a.dtype, weak_type=a.weak_type, sharding=getattr(a, "sharding", None)) for a in args]
+        try:
+            compiled = exe.jitted.lower(*structs).compile()
+        except Exception:  # noqa: BLE001 - no analysis (effects, backends without one): nothing to add
+            found = Analysis(0, None)
+        else:
+            memory = compiled.memory_analysis()
+            temps = max(int(memory.temp_size_in_bytes), 0) if memory is not None else 0
+            shardings = compiled.output_shardings
+            found = Analysis(temps, tuple(shardings) if isinstance(shardings, (list, tuple)) else (shardings,))
+        exe.analyses[key] = found
+    return found
+
+
 def temp_bytes(exe: Executable, args: Sequence[Any]) -> int:
     """XLA's temporary bytes for one run of `exe` on values like `args`
-    (`memory_analysis()` of its compiled form; the compilation is the one a
-    first call makes, so it is not paid twice). 0 where XLA cannot say."""
-    # (dtypes as themselves: hashable, and `str` of a dtype is slow in numpy)
-    key = tuple((tuple(a.shape), a.dtype, a.weak_type) for a in args)
-    found = exe.temps.get(key)
-    if found is None:
-        structs = [jax.ShapeDtypeStruct(a.shape, a.dtype, weak_type=a.weak_type) for a in args]
-        try:
-            analysis = exe.jitted.lower(*structs).compile().memory_analysis()
-            found = max(int(analysis.temp_size_in_bytes), 0) if analysis is not None else 0
-        except Exception:  # noqa: BLE001 - no analysis (effects, backends without one): nothing to add
-            found = 0
-        exe.temps[key] = found
-    return found
+    (`memory_analysis()` of its compiled form). 0 where XLA cannot say."""
+    return analysis(exe, args).temps
 
 
 def assign_workspaces(program: Program) -> None:

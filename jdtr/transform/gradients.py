@@ -63,7 +63,7 @@ from ..oplog import Trace, TraceRecorder
 from . import _jax_core
 from .costs import MEASURED, NANOSECOND, CostModel, MeasuredCosts, check_cost_model
 from .arguments import Static, argnums_tuple, flatten_arguments
-from .executor import Execution, chunks_for
+from .executor import Execution, chunks_for, serial_dispatch
 from .interpreter import Interpreter, JaxBackend, LiveArrayCheck, allocator_bytes
 from .lowering import recording, simulation
 from .caches import Traced, trace_cache
@@ -118,6 +118,11 @@ class _ValueAndGrad:
         except OutOfBudgetError as err:
             if self.budget.nbytes == 1:
                 err.add_note("budget=1 is one byte (an int is bytes): did you mean budget=1.0, the whole peak?")
+            if traced.program.devices > 1:
+                err.add_note(
+                    f"The arguments are sharded over {traced.program.devices} devices: every byte count here is "
+                    "per device (of the device that holds most), and so is the budget."
+                )
             raise
         if log is not None:
             log.to_log(self.log)
@@ -173,6 +178,12 @@ class _ValueAndGrad:
         """Runs the program on `inputs` within the budget: returns the outputs,
         the `Stats` and, with `log=`, the operator log to write."""
         program = traced.program
+        if self.cost_model == MEASURED and program.devices > 1 and jax.process_count() > 1:
+            # Every process must run the same plan (their collectives meet), and timings differ.
+            raise ValueError(
+                'cost_model="measured" plans from times measured by this process, which differ between processes: '
+                "across several processes use the default (deterministic) cost model or \"xla\""
+            )
         budget_bytes = self.budget.resolve(traced.unconstrained_peak)
         planned = self.mode == "planned" and plannable(program)
         if planned and branching(program) and (self.timeline or self.log is not None):
@@ -210,6 +221,7 @@ class _ValueAndGrad:
             cache_hit=cache_hit,
             dealloc=self.dealloc,
             live_peak_bytes=check.peak_bytes if check is not None else None,
+            devices=program.devices,
         )
         return outputs, stats, log
 
@@ -233,7 +245,7 @@ class _ValueAndGrad:
             planning = plan.planning_time_s - before
         if self.timeline or self.log is not None:
             observe(plan, program, owned, self.dealloc, self.timeline, self.log is not None)
-        execution = Execution(plan.line, inputs, owned, check)
+        execution = Execution(plan.line, inputs, owned, check, serial_dispatch(program))
         if plan.path is not None:  # a cond on data: by the path its predicates read
             start = time.perf_counter()
             try:
@@ -285,7 +297,7 @@ class _ValueAndGrad:
         if measured is not None:
             observers.append(measured)
         runtime = Runtime(
-            JaxBackend(measure=self.cost_model == MEASURED, after_compute=check),
+            JaxBackend(measure=self.cost_model == MEASURED or serial_dispatch(program), after_compute=check),
             budget_bytes,
             heuristic=get_heuristic(DEFAULT_HEURISTIC if self.heuristic == AUTO else self.heuristic),
             dealloc=self.dealloc,

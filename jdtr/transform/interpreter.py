@@ -10,7 +10,8 @@ and frees them with `.delete()`.
 from __future__ import annotations
 
 import time
-from typing import Any, Callable, Optional, Sequence
+from collections import defaultdict
+from typing import Any, Callable, Iterable, Optional, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -20,6 +21,7 @@ from ..oplog import TraceRecorder
 from ..runtime import Operator, Runtime, Tensor, future_uses, operation_costs
 from . import _jax_core
 from .costs import nanoseconds
+from .devices import device_bytes
 from .program import Cond, Equation, Program, Value
 
 
@@ -56,7 +58,8 @@ class JaxBackend:
 class LiveArrayCheck:
     """Debug check: the device bytes of every live array the run made or holds
     (summed over `jax.live_arrays()`, not the runtime's own counter) stay
-    within the budget."""
+    within the budget, on each device: an array sharded over a mesh counts
+    its shard on each device that holds one."""
 
     def __init__(self, budget_bytes: int, held: Sequence[Any]):
         held_ids = {id(a) for a in held}
@@ -67,7 +70,7 @@ class LiveArrayCheck:
         self.peak_bytes = 0
 
     def __call__(self) -> None:
-        live = sum(a.nbytes for a in jax.live_arrays() if id(a) not in self._other_ids)
+        live = per_device_bytes(a for a in jax.live_arrays() if id(a) not in self._other_ids)
         self.peak_bytes = max(self.peak_bytes, live)
         if live > self.budget_bytes:
             raise AssertionError(f"jdtr: {live} live device bytes exceed the budget of {self.budget_bytes} bytes")
@@ -221,26 +224,38 @@ def _reads(item: Any) -> list[Value]:
     return reads
 
 
+def per_device_bytes(arrays: Iterable[Any]) -> int:
+    """The most bytes `arrays` hold on any one device (each array's largest
+    shard on every device it is placed on)."""
+    totals: dict[Any, int] = defaultdict(int)
+    for a in arrays:
+        nbytes = device_bytes(a)
+        for device in a.sharding.device_set:
+            totals[device] += nbytes
+    return max(totals.values(), default=0)
+
+
 def allocator_bytes(inputs: Sequence[Any], held: int) -> Optional[Callable[[], int]]:
-    """For a device whose allocator reports its use (GPUs, TPUs; not the
-    CPU): the bytes the run holds there by the allocator's count, `held`
-    (arguments, constants: on the device before the run) plus what it has
-    allocated since.
+    """For devices whose allocator reports its use (GPUs, TPUs; not the
+    CPU): the bytes the run holds by the allocator's count, `held`
+    (arguments, constants: on the device before the run, per device) plus
+    what it has allocated since, on the device that allocated most.
 
     The allocator rounds buffers up to its blocks: on an H100, runs whose
     count kept the budget used up to 18% more (docs/benchmarks.md)."""
-    # Where the operators run: a committed argument's device (all are on one,
-    # `_check_device`), else where JAX puts uncommitted work.
+    # Where the operators run: the committed arguments' devices (all are on
+    # one, or one mesh's, `_check_device`), else where JAX puts uncommitted work.
     committed = [a for a in inputs if _jax_core.is_array(a) and getattr(a, "committed", False)]
     if committed:
-        device = next(iter(committed[0].sharding.device_set))
+        devices = list(committed[0].sharding.device_set)
     else:
         device = jax.config.jax_default_device or jax.devices()[0]
         if isinstance(device, str):  # a platform name
             device = jax.devices(device)[0]
-    stats = device.memory_stats()
-    if not stats or "bytes_in_use" not in stats:
+        devices = [device]
+    starts = [device.memory_stats() for device in devices]
+    if not all(stats and "bytes_in_use" in stats for stats in starts):
         return None
-    start = stats["bytes_in_use"]
+    start = [stats["bytes_in_use"] for stats in starts]
 
-    return lambda: device.memory_stats()["bytes_in_use"] - start + held
+    return lambda: max(d.memory_stats()["bytes_in_use"] - s for d, s in zip(devices, start)) + held

@@ -17,7 +17,6 @@
 
 from __future__ import annotations
 
-import itertools
 from dataclasses import dataclass
 from typing import Any, Callable, Optional, Sequence
 
@@ -27,7 +26,8 @@ import numpy as np
 
 from . import _jax_core
 from .costs import MEASURED, XLA, CostModel, RooflineCostModel, count, nanoseconds, xla_count
-from .executable import Executable, executable, primitive_executable
+from .devices import device_bytes, spread
+from .executable import Executable, analysis, executable, placed_executable, primitive_executable
 from .program import Atom, Cond, Const, Equation, Item, Program, Value, liveness
 
 # Scans longer than this many unrolled equations run as one operator.
@@ -47,31 +47,46 @@ class _Stack:
 
 
 class _Normalizer:
-    def __init__(self, cost_model: CostModel, keep_scans: bool = False):
-        self.ids = itertools.count()
+    def __init__(
+        self, cost_model: CostModel, keep_scans: bool = False, sharded: bool = False, hints: Optional[dict[int, Any]] = None
+    ):
+        self.next_id = 0
         self.cost_model = cost_model
         self.keep_scans = keep_scans
+        # Values placed over a mesh: each equation's outputs as XLA shards them.
+        self.sharded = sharded
+        # A value made from unsharded values alone (a broadcast cotangent, an
+        # iota) is made on one device, whole, where `jax.jit` of the step
+        # would shard it like the values it meets. `floating` are those seen;
+        # `found` the sharding each first met (by value id); `hints` what a
+        # first pass found, which this one makes them with.
+        self.hints = hints or {}
+        self.floating: set[Value] = set()
+        self.found: dict[int, Any] = {}
         self.consts: dict[int, tuple[Value, Any]] = {}
         self.names: dict[str, Any] = {}
         self.unrolled = 0
 
     # ------------------------------------------------------------- values
 
-    def new_value(self, aval: Any) -> Value:
-        return Value(
-            next(self.ids),
-            tuple(aval.shape),
-            aval.dtype,
-            bool(getattr(aval, "weak_type", False)),
-            _jax_core.aval_nbytes(aval),
-        )
+    def new_value(self, aval: Any, sharding: Any = None) -> Value:
+        """A value of `aval`; with a `sharding` over several devices, of its
+        bytes on one device."""
+        shape, dtype = tuple(aval.shape), aval.dtype
+        if sharding is None:
+            nbytes = _jax_core.aval_nbytes(aval)
+        else:
+            nbytes = device_bytes(jax.ShapeDtypeStruct(shape, dtype, sharding=sharding))
+        self.next_id += 1
+        return Value(self.next_id - 1, shape, dtype, bool(getattr(aval, "weak_type", False)), nbytes, sharding)
 
     def const_value(self, array: Any) -> Value:
         """A jaxpr constant: pinned for the whole run, shared by all its uses."""
         found = self.consts.get(id(array))
         if found is None:
             aval = _jax_core.aval_of(array)
-            found = (self.new_value(aval), array)
+            sharding = spread(getattr(array, "sharding", None)) if self.sharded else None
+            found = (self.new_value(aval, sharding), array)
             self.consts[id(array)] = found
         return found[0]
 
@@ -89,12 +104,44 @@ class _Normalizer:
         source: Optional[str] = None,
         scan: Optional[dict] = None,
     ) -> list[Value]:
-        outputs = tuple(self.new_value(a) for a in out_avals)
         args = [a for a in inputs if isinstance(a, Value)]
+        if self.sharded:
+            exe = self.place(exe, args, len(out_avals))
+        shardings = self.out_shardings(exe, args, len(out_avals))
+        outputs = tuple(self.new_value(a, s) for a, s in zip(out_avals, shardings))
+        if self.sharded and not any(a.sharding is not None for a in args):
+            self.floating.update(outputs)
         cost = self.scan_cost(scan) if scan is not None else self.cost(exe, name, params or {}, args, outputs)
         equation = Equation(name, tuple(inputs), outputs, exe.fn, cost, effects, source, exe.trace, exe, scan=scan)
         body.append(equation)
         return list(outputs)
+
+    def place(self, exe: Executable, args: Sequence[Value], n: int) -> Executable:
+        """Notes the sharding each floating argument meets (a sharded
+        argument of its shape); an equation whose outputs a first pass found
+        floating makes them sharded as they are met."""
+        for a in args:
+            if a in self.floating and a.id not in self.found:
+                met = next((b.sharding for b in args if b.sharding is not None and b.shape == a.shape), None)
+                if met is not None:
+                    self.found[a.id] = met
+        hinted = tuple(self.hints.get(self.next_id + k) for k in range(n))
+        if any(h is not None for h in hinted) and not any(a.sharding is not None for a in args):
+            return placed_executable(exe, hinted)
+        return exe
+
+    def out_shardings(self, exe: Executable, args: Sequence[Value], n: int) -> Sequence[Any]:
+        """Where an equation's outputs are sharded: XLA's choice for its
+        inputs' shardings, read from the compilation its first run makes
+        (`executable.analysis`; JAX's sharding propagation decides it, so
+        jdtr reads it rather than predicts it). Where XLA cannot say, the
+        outputs count whole on every device: an upper bound."""
+        if not self.sharded or not (exe.placed or any(a.sharding is not None for a in args)):
+            return [None] * n
+        placed = analysis(exe, args).out_shardings
+        if placed is None or len(placed) != n:
+            return [None] * n
+        return [spread(s) for s in placed]
 
     def scan_cost(self, params: dict) -> Optional[float]:
         """A kept scan's cost: its body's, once per iteration."""
@@ -287,12 +334,12 @@ class _Normalizer:
         branches = []
         for branch in eqn.params["branches"]:
             inner, consts = _jax_core.open_jaxpr(branch)
-            inputs = tuple(self.new_value(v.aval) for v in inner.invars)
+            inputs = tuple(self.new_value(v.aval, getattr(a, "sharding", None)) for v, a in zip(inner.invars, operands))
             branch_body: list[Item] = []
             outs = self.inline(branch_body, inner, consts, inputs)
             outs = [self.held_value(branch_body, o) for o in outs]
             branches.append(Program(inputs, (), dead_code_elimination(branch_body, outs), tuple(outs)))
-        outputs = tuple(self.new_value(v.aval) for v in eqn.outvars)
+        outputs = tuple(self.new_value(v.aval, _widest(b.outputs[k] for b in branches)) for k, v in enumerate(eqn.outvars))
         body.append(Cond(index, tuple(branches), tuple(operands), outputs, _jax_core.source_line(eqn)))
         return list(outputs)
 
@@ -321,14 +368,28 @@ def keepable_scan(eqn: Any) -> bool:
     )
 
 
-def normalize(closed_jaxpr: Any, cost_model: CostModel = None, keep_scans: bool = False) -> Program:
+def normalize(
+    closed_jaxpr: Any, cost_model: CostModel = None, keep_scans: bool = False, shardings: Optional[Sequence[Any]] = None
+) -> Program:
     """The `Program` of a closed jaxpr: inputs are its invars, in order.
 
     With `keep_scans`, a scan of at least `MIN_KEPT_LENGTH` iterations stays
-    one equation (its `scan` field holds its parameters; `scans.py`)."""
-    n = _Normalizer(cost_model, keep_scans)
+    one equation (its `scan` field holds its parameters; `scans.py`). With
+    `shardings` (per input; None for one on a single device), the program
+    runs over their mesh: every value has the sharding XLA gives it and its
+    bytes on one device (`Value.nbytes`), so budgets and peaks are per device."""
+    placed = [spread(s) for s in shardings] if shardings is not None else []
+    sharded = any(s is not None for s in placed)
+    program, n = _normalized(closed_jaxpr, cost_model, keep_scans, placed, sharded, None)
+    if n.found:  # made again, its floating values sharded as they are met (ids are the same)
+        program, _ = _normalized(closed_jaxpr, cost_model, keep_scans, placed, sharded, n.found)
+    return program
+
+
+def _normalized(closed_jaxpr: Any, cost_model: CostModel, keep_scans: bool, placed: list, sharded: bool, hints) -> Any:
+    n = _Normalizer(cost_model, keep_scans, sharded, hints)
     jaxpr, consts = _jax_core.open_jaxpr(closed_jaxpr)
-    inputs = tuple(n.new_value(v.aval) for v in jaxpr.invars)
+    inputs = tuple(n.new_value(v.aval, placed[i] if placed else None) for i, v in enumerate(jaxpr.invars))
     body: list[Item] = []
     outs = n.inline(body, jaxpr, consts, inputs)
     outs = [n.held_value(body, o) for o in outs]
@@ -337,7 +398,16 @@ def normalize(closed_jaxpr: Any, cost_model: CostModel = None, keep_scans: bool 
     program.consts = tuple((v, a) for v, a in n.consts.values() if v in used)
     program.release_after = liveness(program)
     program.names = {k: v for k, v in n.names.items() if isinstance(v, Value)}
-    return program
+    return program, n
+
+
+def _widest(atoms: Any) -> Any:
+    """The sharding of a `cond`'s output: its branches' output with the most
+    bytes on one device (a literal's: whole, unsharded)."""
+    atoms = list(atoms)
+    if not all(isinstance(a, Value) for a in atoms):
+        return None
+    return max(atoms, key=lambda a: a.nbytes).sharding
 
 
 def _literal(atom: Any) -> Const:

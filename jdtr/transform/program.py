@@ -24,7 +24,8 @@ class Value:
     shape: tuple[int, ...]
     dtype: Any  # a numpy dtype, or a JAX extended dtype (PRNG keys)
     weak_type: bool
-    nbytes: int
+    nbytes: int  # on one device: the largest shard's, for a value sharded over a mesh
+    sharding: Any = None  # where it is sharded over several devices (a run on a mesh), else None
 
     def __repr__(self) -> str:
         return f"v{self.id}:{self.dtype}{list(self.shape)}"
@@ -118,6 +119,12 @@ class Program:
     def has_conds(self) -> bool:
         """Whether its body has a `cond` (a structure, fixed once traced)."""
         return any(isinstance(item, Cond) for item in self.body)
+
+    @functools.cached_property
+    def devices(self) -> int:
+        """The devices its values are placed on: 1, or a mesh's (its
+        arguments sharded over it; every byte count is then per device)."""
+        return max((len(v.sharding.device_set) for v in self.inputs if v.sharding is not None), default=1)
 
     @property
     def held_bytes(self) -> int:

@@ -52,13 +52,14 @@ def trace_value_and_grad(
     start = time.perf_counter()
     closed, out_tree, aux = _value_and_grad_jaxpr(fun, argnums, has_aux, holomorphic, arguments)
     keep = keep_scans and cost_model != MEASURED
-    program = _normalized(closed, cost_model, keep)
+    shardings = [spec.sharding for spec in arguments.traced_specs]
+    program = _normalized(closed, cost_model, keep, shardings)
     variants = None
     if keep and kept_scans(program):
         variants = ScanVariants(
             program,
             trace=_strategy_tracer(_weak(fun), argnums, has_aux, holomorphic, cost_model, arguments, aux),
-            unroll=lambda: _normalized(closed, cost_model, False),
+            unroll=lambda: _normalized(closed, cost_model, False, shardings),
         )
     traced = Traced(program, out_tree, program.unconstrained_peak(), time.perf_counter() - start, variants=variants)
     traced.aux = aux
@@ -80,8 +81,10 @@ def _value_and_grad_jaxpr(fun: Callable, argnums, has_aux: bool, holomorphic: bo
     return closed, jax.tree_util.tree_structure(out_shape), box[-1] if box else None
 
 
-def _normalized(closed: Any, cost_model: CostModel, keep_scans: bool) -> Program:
-    program = normalize(closed, cost_model, keep_scans=keep_scans)
+def _normalized(closed: Any, cost_model: CostModel, keep_scans: bool, shardings: Sequence[Any]) -> Program:
+    """The program of a traced jaxpr, its values placed where the arguments'
+    `shardings` lead (a mesh: bytes per device) and with XLA's temporaries."""
+    program = normalize(closed, cost_model, keep_scans=keep_scans, shardings=shardings)
     assign_workspaces(program)
     return program
 
@@ -105,7 +108,7 @@ def _strategy_tracer(fun_ref, argnums, has_aux: bool, holomorphic: bool, cost_mo
             return (outs[0], aux.rebuild(outs[1:])) if has_aux else outs[0]
 
         closed, _, _ = _value_and_grad_jaxpr(under_strategy, argnums, has_aux, holomorphic, arguments)
-        return _normalized(closed, cost_model, True)
+        return _normalized(closed, cost_model, True, [spec.sharding for spec in arguments.traced_specs])
 
     return trace
 
