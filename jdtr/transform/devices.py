@@ -3,14 +3,21 @@
 With arguments sharded over a mesh (`jax.sharding.NamedSharding`), the
 step that is compiled is XLA's partitioned program, and its
 `memory_analysis()` counts one device's bytes: a budget means bytes per
-device. A plan's memory model (`segments.predicted_bytes`) counts every
-value whole, as on one device. The two are related by a `DeviceScale`:
-the arguments, constants and gradients are counted exactly, per device,
-from their shardings; everything else (activations, residuals, temporaries)
-is taken to shrink by one factor, measured on the step without remat, as
-XLA's bytes per device over its bytes on one device. Where the factor is
-off for a plan, the planner's compile-and-measure loop corrects the
-target, as it does for XLA's buffer assignment on one device.
+device. On a concrete mesh (arrays, `ShapeDtypeStruct`s with shardings)
+the plan's programs are normalised with the arguments' shardings
+(`placements`): every value is placed as XLA shards it, equation by
+equation, and counted on one device, so the model is per device already
+(`placed_scale` maps it one to one). Under `jax.jit` a mesh's shardings are
+types over an abstract mesh, and no equation can be compiled on its own;
+there the model counts every value whole, as on one device, and a
+`DeviceScale` relates the two: the arguments, constants and gradients are
+counted exactly, per device, from their shardings; everything else
+(activations, residuals, temporaries) is taken to shrink by one factor,
+measured on the step without remat, as XLA's bytes per device over its
+bytes on one device. Either way, where the model is off for a plan (XLA
+partitions the whole step, not one equation at a time), the planner's
+compile-and-measure loop corrects the target, as it does for XLA's buffer
+assignment on one device.
 """
 
 from __future__ import annotations
@@ -42,6 +49,19 @@ def spread(sharding: Any) -> Optional[Any]:
     """`sharding` where it places an array over several devices, else None:
     a value on one device runs where JAX puts uncommitted work, as before."""
     return sharding if _devices(sharding) > 1 else None
+
+
+def placements(specs: Sequence) -> Optional[list]:
+    """The shardings a program of `specs` is normalised with, to place its
+    values per device (`normalize`): where they are sharded over a concrete
+    mesh; None otherwise (one device, or the abstract mesh of a type under
+    `jax.jit`, for which no equation can be compiled on its own)."""
+    shardings = [getattr(s, "sharding", None) for s in specs]
+    if not is_sharded(specs):
+        return None
+    if any(s is not None and not isinstance(getattr(s, "mesh", None), (jax.sharding.Mesh, type(None))) for s in shardings):
+        return None
+    return shardings
 
 
 def device_bytes(spec) -> int:
@@ -82,6 +102,16 @@ class DeviceScale:
         room = max(per_device_target - self.fixed_device, 0.0)
         used = max(compiled - self.fixed_device, 1.0)
         return self.fixed_model + (model_target - self.fixed_model) * room / used * 0.97
+
+
+def placed_scale(specs: Sequence, differentiated: Sequence[bool], consts_bytes: int) -> DeviceScale:
+    """The scale of a model whose values are placed (`placements`): it
+    counts bytes per device already, so it maps one to one; its fixed bytes
+    are the arguments', the gradients' (sharded as their arguments) and the
+    constants', per device."""
+    local = [device_bytes(s) for s in specs]
+    fixed = sum(local) + sum(b for b, d in zip(local, differentiated) if d) + consts_bytes
+    return DeviceScale(fixed, fixed, 1.0)
 
 
 def device_scale(

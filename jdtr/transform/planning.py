@@ -45,7 +45,7 @@ from .autotune import Timing, can_autotune, example_inputs, median_step_seconds
 from .checkpoint import named_forward, run_segments
 from .checkpoint_plan import Plan, layout
 from .compiled import compile_all, compiled_bytes, lower
-from .devices import DeviceScale, device_scale, is_sharded, unsharded
+from .devices import DeviceScale, device_scale, is_sharded, placed_scale, placements, unsharded
 from .lowering import simulation
 from .plan_search import PLAN_SLACK, PlanSearch, search_simulated_budget  # noqa: F401 - PLAN_SLACK: documented here
 from .normalize import normalize
@@ -87,7 +87,8 @@ class Config:
 def _forward_program(fun: Callable, arguments: Arguments) -> tuple[Any, Program, Any]:
     """The forward function's jaxpr and normalised program (scans kept); inputs are the traced leaves."""
     closed, out_shape = jax.make_jaxpr(arguments.bind(fun), return_shape=True)(*arguments.traced_specs)
-    return closed, normalize(closed, keep_scans=True), jax.tree_util.tree_structure(out_shape)
+    program = normalize(closed, keep_scans=True, shardings=placements(arguments.traced_specs))
+    return closed, program, jax.tree_util.tree_structure(out_shape)
 
 
 # ------------------------------------------------------------ simulation
@@ -135,7 +136,7 @@ def _value_and_grad_program(config: Config, forward: Program) -> Program:
 
     arguments = config.arguments
     vg = jax.value_and_grad(scalar, arguments.traced_argnums, has_aux=config.has_aux)
-    return normalize(jax.make_jaxpr(vg)(*arguments.traced_specs), keep_scans=True)
+    return normalize(jax.make_jaxpr(vg)(*arguments.traced_specs), keep_scans=True, shardings=placements(arguments.traced_specs))
 
 
 @dataclass(eq=False)
@@ -187,7 +188,7 @@ class Planning:
             return
         yield from (self.under(strategy) for strategy in STRATEGIES)
         if "unrolled" not in self.strategies:
-            forward = normalize(self.traced)
+            forward = normalize(self.traced, shardings=placements(self.config.arguments.traced_specs))
             vg = _value_and_grad_program(self.config, forward)
             self.strategies["unrolled"] = Planning(self.config, forward, vg, self.unconstrained, scale=self.scale)
         yield self.strategies["unrolled"]
@@ -257,12 +258,15 @@ def _planning_for(fun, argnums, has_aux, heuristic, implementation, arguments: A
     specs = arguments.traced_specs
     unconstrained = compiled_bytes(plain, specs)
     scale = None
-    if is_sharded(specs):  # a budget per device: how the model's whole values map to one device's bytes
-        whole = compiled_bytes(plain, [unsharded(spec) for spec in specs])
+    if is_sharded(specs):  # a budget per device: how the model's values map to one device's bytes
         differentiated = set(arguments.traced_argnums)
         consts = sum(v.nbytes for v, _ in forward.consts)
         flags = [i in differentiated for i in range(len(specs))]
-        scale = device_scale(specs, flags, consts, unconstrained, whole)
+        if placements(specs) is not None:  # the programs count per device already
+            scale = placed_scale(specs, flags, consts)
+        else:
+            whole = compiled_bytes(plain, [unsharded(spec) for spec in specs])
+            scale = device_scale(specs, flags, consts, unconstrained, whole)
     planning = Planning(config, forward, vg, unconstrained, traced=traced, scale=scale)
     if entries is not None:
         entries[key] = planning
