@@ -104,6 +104,33 @@ def test_the_strategy_kept_computes_least_of_those_that_fit():
         assert stats.overhead == pytest.approx(min(totals.values()) / baseline, rel=1e-9)
 
 
+def test_a_loss_on_the_last_carry_holds_no_stacked_outputs():
+    """A scan whose stacked outputs nothing reads: JAX's dead-code
+    elimination drops them from the kept scan (XLA would under `jax.jit`),
+    and a nested strategy reads its segments' rows of xs where they are
+    instead of reshaping a copy. Before, the unread outputs and the copy
+    left no strategy within half the peak, and DTR unrolled the scan."""
+    params, xs = lstm_arguments(steps=64, hidden=64, features=64, batch=256)
+
+    def last_carry(params, xs):
+        def cell(h, x):
+            h = jnp.tanh(x @ params["w"] + h @ params["u"])
+            return h, h @ params["v"]
+
+        h, _ = lax.scan(cell, jnp.zeros((xs.shape[1], params["u"].shape[0])), xs)
+        return jnp.mean(h**2)
+
+    step = jdtr.grad(last_carry, budget=0.5, return_stats=True, debug=True)
+    grads, stats = step(params, xs)
+    assert_grads(grads, jax.grad(last_carry)(params, xs))
+    assert stats.scans.startswith("kept whole"), stats.scans
+    assert stats.peak_bytes <= stats.budget_bytes and stats.live_peak_bytes <= stats.budget_bytes
+    traced = next(iter(step.cache.values()))
+    stacked = (64, 256, 4)  # the cell's second output over every step, which the loss does not read
+    for program in (traced.variants.first, traced.variants.program(None)):
+        assert all(v.shape != stacked for item in program.body for v in item.outputs), "unread outputs were made"
+
+
 def test_the_flax_lstm_keeps_its_carry():
     """The benchmark's Flax LSTM (an `nnx` module's scan), smaller."""
     model = models.flax_scan_lstm(steps=16, hidden=64, features=8, batch=16)

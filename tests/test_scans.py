@@ -72,8 +72,9 @@ def test_a_strategy_keeps_what_it_says_and_each_keeps_less():
     carry = 16 * 32 * 4
     kept = [scan_memory(equation, s).kept for s in STRATEGIES]
     assert kept[STRATEGIES.index(ScanStrategy("carry"))] == 64 * carry
-    assert kept[STRATEGIES.index(ScanStrategy("carry", 2))] == 8 * carry  # 8 segments of 8
-    assert kept[STRATEGIES.index(ScanStrategy("carry", 3))] == 4 * carry  # 4 segments of 16 (of 4 of 4)
+    index = 4  # a segment's int32 index, with which it reads its rows of xs
+    assert kept[STRATEGIES.index(ScanStrategy("carry", 2))] == 8 * (carry + index)  # 8 segments of 8
+    assert kept[STRATEGIES.index(ScanStrategy("carry", 3))] == 4 * (carry + index)  # 4 segments of 16 (of 4 of 4)
     assert kept == sorted(kept, reverse=True) and kept[0] > kept[-1]
 
 

@@ -17,6 +17,11 @@ try:  # a readable "file:line (function)" for error messages
 except ImportError:  # pragma: no cover - depends on the JAX version
     _source_info_util = None
 
+try:  # JAX's own dead-code elimination, whose rules prune a scan's unused outputs
+    from jax._src.interpreters.partial_eval import dce_jaxpr as _dce_jaxpr
+except ImportError:  # pragma: no cover - depends on the JAX version
+    _dce_jaxpr = None
+
 
 # Primitives whose body is inlined into the caller: DTR must see the real
 # tensors inside them, and a user's own remat is subsumed by DTR's.
@@ -71,6 +76,22 @@ def call_body(eqn: JaxprEqn) -> Optional[tuple[Jaxpr, list[Any]]]:
     if key is None or key not in eqn.params:
         return None
     return open_jaxpr(eqn.params[key])
+
+
+def without_dead_code(closed: ClosedJaxpr) -> ClosedJaxpr:
+    """`closed` after JAX's dead-code elimination, every input kept. Its
+    rules reach inside equations: a `scan` loses the outputs nothing reads
+    (a stacked `ys` of a loss on the last carry) and the work only they
+    needed, which XLA would drop under `jax.jit` but a scan jdtr runs as
+    one operation would otherwise make and hold. Unchanged where this JAX
+    has no such pass."""
+    if _dce_jaxpr is None:  # pragma: no cover - depends on the JAX version
+        return closed
+    try:
+        jaxpr, _ = _dce_jaxpr(closed.jaxpr, [True] * len(closed.jaxpr.outvars), instantiate=True)
+    except Exception:  # noqa: BLE001 - an optimisation only: a primitive without a rule keeps the jaxpr
+        return closed
+    return ClosedJaxpr(jaxpr, closed.consts)
 
 
 def open_jaxpr(jaxpr: "Jaxpr | ClosedJaxpr") -> tuple[Jaxpr, list[Any]]:

@@ -388,6 +388,8 @@ def normalize(
 
 def _normalized(closed_jaxpr: Any, cost_model: CostModel, keep_scans: bool, placed: list, sharded: bool, hints) -> Any:
     n = _Normalizer(cost_model, keep_scans, sharded, hints)
+    if isinstance(closed_jaxpr, _jax_core.ClosedJaxpr):
+        closed_jaxpr = _jax_core.without_dead_code(closed_jaxpr)
     jaxpr, consts = _jax_core.open_jaxpr(closed_jaxpr)
     inputs = tuple(n.new_value(v.aval, placed[i] if placed else None) for i, v in enumerate(jaxpr.invars))
     body: list[Item] = []

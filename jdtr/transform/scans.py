@@ -128,14 +128,18 @@ def _nested_scan(step, carry: list, xs: list, length: int, levels: int, reverse:
         return lax.scan(step, carry, xs, length=length, reverse=reverse)
     whole = length // k * k  # iterations in full segments
 
-    def segment(c, x):
+    def segment(c, i):
+        # A segment reads its rows of `xs` where they are (a loop invariant
+        # of the outer scan): reshaped to (segments, k, ...) outside it, they
+        # would be a copy of every `xs` wherever the reshape runs on its own,
+        # as in `jdtr.grad`'s program, while the outer scan keeps only carries.
+        x = [lax.dynamic_slice_in_dim(x, i * k, k) for x in xs]
         return _nested_scan(step, c, x, k, levels - 1, reverse)
 
     segment = jax.checkpoint(segment, policy=jax.checkpoint_policies.nothing_saveable, prevent_cse=False)
-    head = [(x if whole == length else x[:whole]).reshape((whole // k, k, *x.shape[1:])) for x in xs]
 
     def run_head(c):
-        c, ys = lax.scan(segment, c, head, length=whole // k, reverse=reverse)
+        c, ys = lax.scan(segment, c, jax.numpy.arange(whole // k), length=whole // k, reverse=reverse)
         return c, [y.reshape((whole, *y.shape[2:])) for y in ys]
 
     def run_tail(c):
