@@ -127,7 +127,8 @@ def _check_device(leaf: Any, where: str, devices: Optional[tuple[frozenset, str]
 def _places(devices: frozenset) -> str:
     if len(devices) == 1:
         return str(next(iter(devices)))
-    return f"{len(devices)} devices ({', '.join(str(d) for d in sorted(devices, key=lambda d: d.id)[:4])}...)"
+    ordered = sorted(devices, key=lambda d: d.id)
+    return f"{len(devices)} devices ({', '.join(map(str, ordered[:4]))}{', ...' if len(ordered) > 4 else ''})"
 
 
 @dataclass(frozen=True, eq=False)

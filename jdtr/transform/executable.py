@@ -133,8 +133,8 @@ def primitive_executable(eqn: "_jax_core.JaxprEqn", inputs: Sequence[Any]) -> Ex
 
 def placed_executable(exe: Executable, out_shardings: tuple) -> Executable:
     """`exe` giving its outputs `out_shardings` (None: XLA's choice)."""
-    original = exe.trace  # (the new executable holds it, and so `exe`'s id stays its own)
-    return executable(("placed", id(exe), out_shardings), lambda: lambda *args: tuple(original(*args)), True, out_shardings)
+    original = exe.trace  # (the new executable holds it: its id in the key stays its own)
+    return executable(("placed", id(original), out_shardings), lambda: lambda *args: tuple(original(*args)), True, out_shardings)
 
 
 def analysis(exe: Executable, args: Sequence[Any]) -> Analysis:

@@ -297,7 +297,7 @@ class _ValueAndGrad:
         if measured is not None:
             observers.append(measured)
         runtime = Runtime(
-            JaxBackend(measure=self.cost_model == MEASURED or serial_dispatch(program), after_compute=check),
+            JaxBackend(measure=self.cost_model == MEASURED, after_compute=check, serial=serial_dispatch(program)),
             budget_bytes,
             heuristic=get_heuristic(DEFAULT_HEURISTIC if self.heuristic == AUTO else self.heuristic),
             dealloc=self.dealloc,

@@ -29,13 +29,15 @@ class JaxBackend:
     """Runs equations on `jax.Array`s; eviction deletes the array's buffer.
 
     With `measure=True` every operator is timed synchronously (the paper's
-    prototype mode); `after_compute` is called when the outputs exist, the
-    moment the most memory is live (used by the debug budget check).
+    prototype mode); with `serial=True` each waits for its outputs, untimed
+    (`executor.serial_dispatch`); `after_compute` is called when the outputs
+    exist, the moment the most memory is live (used by the debug budget check).
     """
 
-    def __init__(self, measure: bool = False, after_compute: Optional[Callable[[], None]] = None):
+    def __init__(self, measure: bool = False, after_compute: Optional[Callable[[], None]] = None, serial: bool = False):
         self.measure = measure
         self.after_compute = after_compute
+        self.serial = serial
 
     def compute(self, op: Operator, args: list[Any]) -> tuple[list[Any], Optional[float]]:
         fn = op.payload.fn
@@ -46,6 +48,8 @@ class JaxBackend:
             elapsed = nanoseconds(time.perf_counter() - start)
         else:
             outs, elapsed = fn(*args), None
+            if self.serial:
+                jax.block_until_ready(outs)
         if self.after_compute is not None:
             self.after_compute()
         return outs, elapsed
