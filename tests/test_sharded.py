@@ -17,7 +17,31 @@ import textwrap
 
 import jax
 
-SCRIPT = textwrap.dedent(
+# Both scripts' loss with collectives: a shard_map with a psum in every layer.
+COLLECTIVE_LOSS = textwrap.dedent(
+    """
+    import jax, jax.numpy as jnp
+    from jax.sharding import PartitionSpec as P
+    try:
+        from jax import shard_map
+    except ImportError:
+        from jax.experimental.shard_map import shard_map
+
+    def collective_loss_on(mesh):
+        def layer(w, h):
+            h = jnp.tanh(h @ w)
+            return h * jax.lax.rsqrt(jax.lax.psum(jnp.mean(h * h), "data") / 8 + 1.0)
+
+        def collective_loss(ws, x):
+            for w in ws:
+                x = shard_map(layer, mesh=mesh, in_specs=(P(), P("data")), out_specs=P("data"))(w, x)
+            return jnp.mean(x ** 2)
+
+        return collective_loss
+    """
+)
+
+SCRIPT = COLLECTIVE_LOSS + textwrap.dedent(
     """
     import warnings
     import jax, jax.numpy as jnp, numpy as np
@@ -57,20 +81,8 @@ SCRIPT = textwrap.dedent(
     # Collectives in the traced step (shard_map with a psum in every layer):
     # every device runs the same plan, so a segment's recomputation replays
     # them in the backward pass, on every device alike.
-    try:
-        from jax import shard_map
-    except ImportError:
-        from jax.experimental.shard_map import shard_map
     mesh = jax.make_mesh((8,), ("data",), axis_types=(AxisType.Auto,))
-
-    def layer(w, h):
-        h = jnp.tanh(h @ w)
-        return h * jax.lax.rsqrt(jax.lax.psum(jnp.mean(h * h), "data") / 8 + 1.0)
-
-    def collective_loss(params, x):
-        for w in params:
-            x = shard_map(layer, mesh=mesh, in_specs=(P(), P("data")), out_specs=P("data"))(w, x)
-        return jnp.mean(x ** 2)
+    collective_loss = collective_loss_on(mesh)
 
     params = jax.device_put(m.params[:24], NamedSharding(mesh, P()))
     x = jax.device_put(m.batch, NamedSharding(mesh, P("data")))
@@ -135,7 +147,7 @@ def test_plans_on_sharded_arguments_keep_a_budget_per_device():
         assert expected in result.stdout, result.stdout
 
 
-GRAD_SCRIPT = textwrap.dedent(
+GRAD_SCRIPT = COLLECTIVE_LOSS + textwrap.dedent(
     """
     from collections import Counter
     import jax, jax.numpy as jnp, numpy as np
@@ -213,19 +225,7 @@ GRAD_SCRIPT = textwrap.dedent(
     print("nnx ok")
 
     # Collectives in the step: shard_map with a psum in every layer.
-    try:
-        from jax import shard_map
-    except ImportError:
-        from jax.experimental.shard_map import shard_map
-
-    def layer(w, h):
-        h = jnp.tanh(h @ w)
-        return h * jax.lax.rsqrt(jax.lax.psum(jnp.mean(h * h), "data") / 8 + 1.0)
-
-    def collective_loss(ws, x):
-        for w in ws:
-            x = shard_map(layer, mesh=mesh, in_specs=(P(), P("data")), out_specs=P("data"))(w, x)
-        return jnp.mean(x ** 2)
+    collective_loss = collective_loss_on(mesh)
 
     params = [jax.device_put(w, NamedSharding(mesh, P())) for w in m.params]
     reference = jax.jit(jax.grad(collective_loss))(params, x)
