@@ -18,6 +18,7 @@ from flax import linen, nnx  # noqa: E402
 import jdtr  # noqa: E402
 import jdtr.models  # noqa: E402
 import jdtr.nnx  # noqa: E402
+from test_plan import compiled_total  # noqa: E402
 
 
 class Net(nnx.Module):
@@ -307,6 +308,53 @@ def test_plan_policy_works_with_nnx_remat_and_linen_remat():
     assert ("tanh", (((2048, 32), "float32"),)) in linen_policy.signatures, linen_plan.report()
     assert linen_tanh_saved(jax.checkpoint_policies.nothing_saveable) == 3
     assert linen_tanh_saved(linen_policy) == 12
+
+
+class ScannedBlocks(nnx.Module):
+    """Blocks made by `nnx.vmap` and run by `nnx.scan`, each optionally under `nnx.remat(policy=...)`."""
+
+    def __init__(self, rngs, layers=6, width=64):
+        @nnx.split_rngs(splits=layers)
+        @nnx.vmap(in_axes=(0,), out_axes=0)
+        def blocks(rngs):
+            return nnx.Sequential(nnx.Linear(width, 2 * width, rngs=rngs), nnx.tanh, nnx.Linear(2 * width, width, rngs=rngs))
+
+        self.blocks = blocks(rngs)
+        self.head = nnx.Linear(width, 1, rngs=rngs)
+
+    def __call__(self, x, policy=None):
+        def layer(h, block):
+            return h + jnp.tanh(block(h))
+
+        if policy is not None:
+            layer = nnx.remat(layer, policy=policy)
+
+        @nnx.scan(in_axes=(nnx.Carry, 0), out_axes=nnx.Carry)
+        def run(h, block):
+            return layer(h, block)
+
+        return self.head(run(x, self.blocks))
+
+
+def test_plan_policy_on_a_block_under_nnx_scan_compiles_to_the_plans_bytes():
+    """The per-layer use the README documents: `nnx.remat(layer,
+    policy=plan.policy)` on the block `nnx.scan` runs saves what the plan
+    saves per iteration (here its matmul outputs), so it compiles to
+    `plan.grad`'s bytes, with `nnx.grad`'s gradients."""
+    x = jax.random.normal(jax.random.PRNGKey(0), (512, 64))
+    graphdef, state = nnx.split(ScannedBlocks(nnx.Rngs(0)))
+
+    def loss_with(policy):
+        return lambda state, x: jnp.mean(nnx.merge(graphdef, state)(x, policy) ** 2)
+
+    loss = loss_with(None)
+    full = compiled_total(jax.grad(loss), state, x)
+    plan = jdtr.plan(loss, state, x, budget=0.8, autotune=False)
+    assert [k.strategy.saves for k in plan.scans] == ["dots"], plan.report()
+    user = jax.grad(loss_with(plan.policy))
+    assert compiled_total(user, state, x) == pytest.approx(plan.compiled_bytes, rel=0.02)
+    assert plan.compiled_bytes <= 0.8 * full
+    leaves_close(jax.jit(user)(state, x), jax.grad(loss)(state, x), rtol=1e-4, atol=1e-6)
 
 
 FLAX_MODELS = {

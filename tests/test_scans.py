@@ -10,6 +10,8 @@ count.
 
 from __future__ import annotations
 
+import warnings
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -171,3 +173,67 @@ def test_a_flax_linen_scan_is_kept_too():
     assert len(plan.scans) == 1 and plan.scans[0].equation.scan["length"] == 32
     assert plan.compiled_bytes <= 0.5 * compiled_total(jax.grad(loss), params, xs)
     assert_trees_close(jax.jit(plan.grad)(params, xs), jax.grad(loss)(params, xs), rtol=1e-4, atol=1e-6)
+
+
+def _stacked_blocks(layers=8, width=64, batch=256):
+    k = jax.random.split(jax.random.PRNGKey(0), 3)
+    params = {
+        "w1": jax.random.normal(k[0], (layers, width, 2 * width)) / width**0.5,
+        "w2": jax.random.normal(k[1], (layers, 2 * width, width)) / (2 * width) ** 0.5,
+    }
+    x = jax.random.normal(k[2], (batch, width))
+
+    def block(h, w):
+        return h + jnp.tanh(jnp.tanh(h @ w["w1"]) @ w["w2"]), None
+
+    def loss_with(body):
+        return lambda p, x: jnp.mean(lax.scan(body, x, p)[0] ** 2)
+
+    return block, loss_with, params, x
+
+
+@pytest.mark.parametrize("budget, saves", [(0.8, "dots"), (0.6, "carry")])
+def test_the_policy_on_a_scanned_layer_saves_what_the_plan_saves_per_iteration(budget, saves):
+    """Issue 22's per-layer use: `jax.checkpoint(layer, policy=plan.policy)`
+    inside the user's own `lax.scan` saves what the plan's strategy saves
+    per iteration, so it compiles to the plan's bytes (on the CPU too: inside
+    a scan body XLA's CSE cannot merge the recomputation away). Without the
+    scan body's decisions, the policy saved nothing there."""
+    block, loss_with, params, x = _stacked_blocks()
+    loss = loss_with(block)
+    plan = jdtr.plan(loss, params, x, budget=budget, autotune=False)
+    assert [k.strategy for k in plan.scans] == [ScanStrategy(saves)]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # one level, nothing outside the scan: the policy means the plan
+        policy = plan.policy
+    user = loss_with(jax.checkpoint(block, policy=policy))
+    assert compiled_total(jax.grad(user), params, x) == pytest.approx(plan.compiled_bytes, rel=0.01)
+    assert_trees_close(jax.jit(jax.grad(user))(params, x), jax.grad(loss)(params, x), rtol=1e-5, atol=1e-6)
+    if saves == "dots":  # saving nothing in the body would be the smaller "carry" step
+        carry = loss_with(jax.checkpoint(block, policy=jax.checkpoint_policies.nothing_saveable))
+        assert compiled_total(jax.grad(carry), params, x) < 0.9 * plan.compiled_bytes
+
+
+def test_the_policy_says_it_cannot_express_a_nested_scan():
+    m = models.rnn(steps=64, hidden=128, features=32, batch=64)
+    plan = jdtr.plan(m.loss, m.params, m.batch, budget=0.35, autotune=False)
+    assert [k.strategy.levels for k in plan.scans] == [2]
+    with pytest.warns(jdtr.PolicyWarning, match="nested levels") as caught:
+        plan.policy
+    assert len(caught[0].message.nested) == 1 and not caught[0].message.mixed
+
+
+def test_no_plan_fits_suggests_the_smallest_plan_of_any_strategy():
+    """Where no strategy fits, the error's suggested budget is the smallest
+    plan compiled under any of them (it was the unrolled program's, tried
+    last, which here compiles to more than no remat at all), and a plan at
+    that budget fits it."""
+    block, loss_with, params, x = _stacked_blocks()
+    loss = loss_with(block)
+    full = compiled_total(jax.grad(loss), params, x)
+    with pytest.raises(jdtr.OutOfBudgetError) as caught:
+        jdtr.plan(loss, params, x, budget=0.3, autotune=False)
+    suggested = caught.value.suggested_budget_bytes
+    assert suggested < 0.6 * full
+    plan = jdtr.plan(loss, params, x, budget=suggested, autotune=False)
+    assert plan.compiled_bytes <= suggested

@@ -14,33 +14,49 @@ import jax
 from ..runtime import format_bytes
 from .autotune import Timing
 from .checkpoint import run_segments
-from .program import Equation, Program, Value
-from .scans import KeptScan
+from .program import Equation, Program, Value, signature
+from .scans import KeptScan, body_decisions
 from .segments import NAME_PREFIX, SavePolicy, Segment
 
 
 class PolicyWarning(UserWarning):
-    """`plan.policy` cannot mean the plan: the plan both saves and recomputes
-    values of one shape signature (the same layer's output in different
-    layers), and a policy of signatures saves them all.
+    """`plan.policy` cannot mean the plan, for either of two reasons:
+
+    * the plan both saves and recomputes values of one shape signature (the
+      same layer's output in different layers, unrolled), and a policy of
+      signatures saves them all;
+    * it keeps a scan as nested levels of checkpointed segments, which no
+      policy on the scan's body can express (applied there, it saves each
+      iteration's carry, as the one-level strategy does).
 
     Attributes:
       mixed: per (primitive, input shapes and dtypes), (how many such values
         the plan saves, how many the step computes).
+      nested: the nested scans, as `Plan.report` describes them.
     """
 
-    def __init__(self, mixed: dict):
-        self.mixed = mixed
-        shown = "; ".join(
-            f"{name} of {', '.join(f'{dtype}{list(shape)}' for shape, dtype in args)}: {k} of {n}"
-            for (name, args), (k, n) in sorted(mixed.items(), key=lambda kv: -kv[1][1])[:3]
-        )
+    def __init__(self, mixed: dict, nested: tuple[str, ...] = ()):
+        self.mixed, self.nested = mixed, nested
+        said = []
+        if mixed:
+            shown = "; ".join(
+                f"{name} of {', '.join(f'{dtype}{list(shape)}' for shape, dtype in args)}: {k} of {n}"
+                for (name, args), (k, n) in sorted(mixed.items(), key=lambda kv: -kv[1][1])[:3]
+            )
+            said.append(
+                "plan.policy saves values by primitive and input shapes, and the plan saves only some of "
+                f"the values of a signature ({shown}{'; ...' if len(mixed) > 3 else ''}). Wherever it is "
+                "applied (`jax.checkpoint` on a whole function, `nnx.remat` on each layer), it saves every "
+                "value of such a signature, more than the plan."
+            )
+        if nested:
+            said.append(
+                f"plan.policy cannot express the plan's {len(nested)} scan(s) kept as nested levels of "
+                "checkpointed segments (" + "; ".join(nested) + "): applied to a scan's body, it saves every "
+                "iteration's carry, more than the plan."
+            )
         super().__init__(
-            "jdtr: plan.policy saves values by primitive and input shapes, and the plan saves only some of "
-            f"the values of a signature ({shown}{'; ...' if len(mixed) > 3 else ''}). Wherever it is "
-            "applied (`jax.checkpoint` on a whole function, `nnx.remat` on each layer), it saves every "
-            "value of such a signature, more than the plan. Use plan.grad, jdtr.remat_grad or "
-            "jdtr.nnx.remat_grad for the plan's memory."
+            "jdtr: " + " ".join(said) + " Use plan.grad, jdtr.remat_grad or jdtr.nnx.remat_grad for the plan's memory."
         )
 
 
@@ -91,17 +107,31 @@ class Plan:
     def policy(self) -> SavePolicy:
         """The plan's saved values as a `jax.checkpoint` policy: by jdtr's
         names (inside `plan.grad`) and by primitive and input shapes (in the
-        user's own code). Warns (`PolicyWarning`) where a shape signature
-        cannot tell the values the plan saves from values it recomputes."""
+        user's own code). In the body of a scan the plan keeps, it says what
+        the scan's strategy saves per iteration, so that `jax.checkpoint`
+        or `nnx.remat` on the scanned layer saves what the plan saves for
+        that layer. Warns (`PolicyWarning`) where a shape signature cannot
+        tell the values the plan saves from values it recomputes, or where
+        a scan's strategy nests."""
         names = frozenset(NAME_PREFIX + str(v.id) for s in self.segments for leaf in s.leaves() for v in leaf.saved)
+        kept = {k.position: k for k in self.scans}
         saved, recomputed = collections.Counter(), collections.Counter()
-        for item in self.program.body:
-            if isinstance(item, Equation) and item.outputs:
-                signature = (item.name, tuple((tuple(a.shape), str(a.dtype)) for a in item.args))
-                (saved if any(v in self.saved for v in item.outputs) else recomputed)[signature] += 1
+        nested = []
+        for position, item in enumerate(self.program.body):
+            if not (isinstance(item, Equation) and item.outputs):
+                continue
+            if position in kept:  # its body's equations, as its strategy answers for them
+                scan = kept[position]
+                for sig, is_saved in body_decisions(scan.equation, scan.strategy):
+                    (saved if is_saved else recomputed)[sig] += 1
+                if scan.strategy.levels > 1:
+                    nested.append(scan.describe())
+                continue
+            sig = signature(item.name, item.args)
+            (saved if any(v in self.saved for v in item.outputs) else recomputed)[sig] += 1
         mixed = {sig: (saved[sig], saved[sig] + recomputed[sig]) for sig in saved if recomputed[sig]}
-        if mixed:
-            warnings.warn(PolicyWarning(mixed), stacklevel=3)  # the caller, past cached_property
+        if mixed or nested:
+            warnings.warn(PolicyWarning(mixed, tuple(nested)), stacklevel=3)  # the caller, past cached_property
         return SavePolicy(names, frozenset(saved))
 
     # ---------------------------------------------------------------- running

@@ -319,7 +319,11 @@ def make_plan(
     else:  # none within the budget: the first within the slack
         slack = [s for s in searches if s.within_slack()]
         if not slack:
-            raise searches[-1].error()
+            # Said by the search whose smallest plan is smallest (a scan kept
+            # under one strategy may fit where the unrolled program, tried
+            # last, compiles to more than no remat at all).
+            measured = [s for s in searches if s.best is not None]
+            raise min(measured, key=lambda s: s.best.compiled_bytes, default=searches[-1]).error()
         search = slack[0]
         planning, chosen = search.planning, search.best
     if autotune is False:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass, field
-from typing import Any, Callable, Optional, Union
+from typing import Any, Callable, Optional, Sequence, Union
 
 import numpy as np
 
@@ -185,6 +185,12 @@ def liveness(program: Program) -> dict[int, list[Value]]:
         if last < end:
             release.setdefault(last, []).append(v)
     return release
+
+
+def signature(name: str, avals: Sequence[Any]) -> tuple:
+    """What a `jax.checkpoint` policy can tell values by: the primitive's
+    name and its inputs' shapes and dtypes (all a policy is shown of them)."""
+    return (name, tuple((tuple(a.shape), str(a.dtype)) for a in avals))
 
 
 def definitions(program: Program) -> dict[Value, int]:

@@ -43,7 +43,7 @@ from jax import lax
 
 from ..runtime import format_bytes
 from . import _jax_core
-from .program import Const, Equation, Program
+from .program import Const, Equation, Program, signature
 
 
 @dataclass(frozen=True)
@@ -296,6 +296,30 @@ def _short(spec: jax.ShapeDtypeStruct) -> str:
 
 def _row(spec: jax.ShapeDtypeStruct) -> jax.ShapeDtypeStruct:
     return jax.ShapeDtypeStruct(spec.shape[1:], spec.dtype, weak_type=spec.weak_type)
+
+
+def body_decisions(equation: Equation, strategy: ScanStrategy) -> list[tuple[tuple, bool]]:
+    """What a `jax.checkpoint` policy is asked in a kept scan's body, and
+    what `strategy` answers: (signature, saved) for each equation JAX's
+    partial evaluation shows the policy (the body's linearized primal
+    equations, not its own: a `custom_jvp` shows its rule's). Read from JAX
+    itself, by a recording policy under `jax.vjp` traced on shapes. Nested
+    levels are no policy's to mirror: see `Plan.policy`."""
+    answer = {
+        "all": jax.checkpoint_policies.everything_saveable,
+        "dots": jax.checkpoint_policies.dots_with_no_batch_dims_saveable,
+        "carry": jax.checkpoint_policies.nothing_saveable,
+    }[strategy.saves]
+    asked: list[tuple[tuple, bool]] = []
+
+    def recording(prim, *avals, **params):
+        saved = bool(answer(prim, *avals, **params))
+        asked.append((signature(prim.name, avals), saved))
+        return saved
+
+    step = jax.checkpoint(_step(equation), policy=recording, prevent_cse=False)
+    hidden_residuals(step, _specs(equation)[1])
+    return asked
 
 
 def hidden_residuals(

@@ -18,7 +18,7 @@ from typing import Mapping, Optional, Sequence
 import jax.numpy as jnp
 import numpy as np
 
-from .program import Equation, Program, Value, definitions, last_reads
+from .program import Equation, Program, Value, definitions, last_reads, signature
 from .scans import ScanMemory
 
 
@@ -46,7 +46,7 @@ class SavePolicy:
         if prim.name == "name":
             return params.get("name") in self.names
         if self.signatures:
-            return (prim.name, tuple((tuple(a.shape), str(a.dtype)) for a in avals)) in self.signatures
+            return signature(prim.name, avals) in self.signatures
         return False
 
 
