@@ -44,6 +44,7 @@ from jax import lax
 from ..runtime import format_bytes
 from . import _jax_core
 from .program import Const, Equation, Program, signature
+from .segmented_scan import segmented_scan
 
 
 @dataclass(frozen=True)
@@ -108,6 +109,12 @@ def run_scan(params: dict, strategy: ScanStrategy, *args):
         outs = fun(*consts, *c, *x)
         return list(outs[:num_carry]), list(outs[num_carry:])
 
+    if strategy.levels > 1 and not reverse:
+        # Nested segments with one accumulator of the constants' cotangents
+        # (`segmented_scan`); a reverse scan keeps `jax.checkpoint`'s nesting.
+        body = lambda *a: list(fun(*a))  # noqa: E731
+        carry, ys = segmented_scan(body, list(consts), list(carry), list(xs), length, _inner_length, strategy.levels)
+        return [*carry, *ys]
     if strategy.saves != "all":
         policy = (
             jax.checkpoint_policies.dots_with_no_batch_dims_saveable
