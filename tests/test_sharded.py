@@ -167,14 +167,21 @@ GRAD_SCRIPT = COLLECTIVE_LOSS + textwrap.dedent(
 
     m = models.mlp_chain(layers=16, width=64, batch=8192)
     one_device = jdtr.grad(m.loss, return_stats=True)(m.params, m.batch)[1].unconstrained_peak_bytes
-    for shape, names, specs in (((8,), ("data",), [P()] * 16), ((2, 4), ("data", "model"), [P(None, "model"), P("model", None)] * 8)):
-        mesh = jax.make_mesh(shape, names, axis_types=(AxisType.Auto,) * len(shape))
+    meshes = (
+        ((8,), ("data",), [P()] * 16, AxisType.Auto, (1.0, 0.5, 0.3)),
+        ((2, 4), ("data", "model"), [P(None, "model"), P("model", None)] * 8, AxisType.Auto, (1.0, 0.5, 0.3)),
+        # jax.make_mesh's default: shardings are part of the arrays' types, and
+        # JAX runs an operation on them only with the mesh set (jdtr sets it).
+        ((8,), ("data",), [P()] * 16, AxisType.Explicit, (0.5,)),
+    )
+    for shape, names, specs, axis_type, budgets in meshes:
+        mesh = jax.make_mesh(shape, names, axis_types=(axis_type,) * len(shape))
         params = [jax.device_put(w, NamedSharding(mesh, s)) for w, s in zip(m.params, specs)]
         x = jax.device_put(m.batch, NamedSharding(mesh, P("data")))
         reference = jax.jit(jax.grad(loss))(params, x)
         expected = [np.asarray(r) for r in reference]  # (reading an array caches its shards on it)
         before = live()
-        for budget in (1.0, 0.5, 0.3):
+        for budget in budgets:
             step = jdtr.grad(loss, budget=budget, return_stats=True, debug=True)
             for call in range(3):  # step by step, then as compiled chunks
                 grads, stats = step(params, x)
@@ -190,14 +197,14 @@ GRAD_SCRIPT = COLLECTIVE_LOSS + textwrap.dedent(
             assert (stats.rematerializations > 0) == (budget < 1.0), stats
             del grads, g
             assert not Counter(live()) - Counter(before), "a run left arrays behind"
-            print("grad", shape, budget, stats.execution, stats.chunks, round(stats.peak_bytes / stats.unconstrained_peak_bytes, 3))
+            print("grad", shape, axis_type.name, budget, stats.execution, stats.chunks, round(stats.peak_bytes / stats.unconstrained_peak_bytes, 3))
         (value, grads), stats = jdtr.value_and_grad(loss, budget=0.5, mode="online", return_stats=True, debug=True)(params, x)
         assert stats.execution == "online" and stats.live_peak_bytes <= stats.budget_bytes
         np.testing.assert_allclose(value, loss(m.params, m.batch), rtol=1e-5)
         for g, r, e in zip(grads, reference, expected):
             assert g.sharding.is_equivalent_to(r.sharding, g.ndim)
             np.testing.assert_allclose(np.asarray(g), e, rtol=1e-4, atol=1e-6)
-        print("online", shape)
+        print("online", shape, axis_type.name)
 
     # Flax NNX, data parallel: gradients and batch statistics as nnx.grad's.
     class Net(nnx.Module):
@@ -259,5 +266,5 @@ def test_grad_on_sharded_arguments_keeps_a_budget_per_device():
     env = dict(os.environ, XLA_FLAGS=flags, JAX_PLATFORMS="cpu")
     result = subprocess.run([sys.executable, "-c", GRAD_SCRIPT], env=env, capture_output=True, text=True, timeout=900)
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-4000:]
-    for expected in ("grad (2, 4) 0.3", "online (2, 4)", "nnx ok", "collectives ok", "errors ok"):
+    for expected in ("grad (2, 4) Auto 0.3", "online (2, 4)", "grad (8,) Explicit 0.5", "online (8,) Explicit", "nnx ok", "collectives ok", "errors ok"):
         assert expected in result.stdout, result.stdout

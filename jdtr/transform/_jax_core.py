@@ -6,8 +6,9 @@ Public names come from `jax.extend.core`; the few things it does not expose
 
 from __future__ import annotations
 
+import contextlib
 import math
-from typing import Any, Optional
+from typing import Any, Iterable, Optional
 
 import jax
 from jax.extend.core import ClosedJaxpr, Jaxpr, JaxprEqn, Literal, Primitive, Var  # noqa: F401
@@ -173,6 +174,35 @@ def traced_sharding(x: Any) -> Optional[Any]:
     if context is None or getattr(context, "empty", True) or dict(context.shape) != dict(sharding.mesh.shape):
         return None
     return sharding
+
+
+def explicit_mesh(leaves: Iterable[Any]) -> Optional[Any]:
+    """The mesh with `Explicit` axes (the default of `jax.make_mesh` since
+    JAX 0.7) that a concrete array is sharded over, if any: its arrays'
+    shardings are part of their types, and JAX evaluates an operation on
+    such types (one that makes a sharded value from none, a broadcast
+    constant) only with that mesh set as the context's."""
+    explicit = getattr(getattr(jax.sharding, "AxisType", None), "Explicit", None)
+    for leaf in leaves:
+        if not is_array(leaf):
+            continue
+        mesh = getattr(leaf.sharding, "mesh", None)
+        if explicit is not None and explicit in tuple(getattr(mesh, "axis_types", ()) or ()):
+            return mesh
+    return None
+
+
+def mesh_context(mesh: Optional[Any]):
+    """`mesh` set as the context's mesh (`jax.set_mesh`), unless it is
+    already or there is none."""
+    setter = getattr(jax, "set_mesh", None) or getattr(jax.sharding, "use_mesh", None)
+    if mesh is None or setter is None:
+        return contextlib.nullcontext()
+    get_abstract_mesh = getattr(jax.sharding, "get_abstract_mesh", None)
+    current = get_abstract_mesh() if get_abstract_mesh is not None else None
+    if current is not None and not getattr(current, "empty", True) and current == getattr(mesh, "abstract_mesh", None):
+        return contextlib.nullcontext()
+    return setter(mesh)
 
 
 def sharded_type(x: Any) -> bool:

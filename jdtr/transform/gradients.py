@@ -112,7 +112,14 @@ class _ValueAndGrad:
     # ---------------------------------------------------------------- running
 
     def __call__(self, *args, **kwargs):
-        traced, inputs, owned, cache_hit = self._prepare(args, kwargs)
+        leaves, arguments = flatten_arguments(self.argnums, args, kwargs, eager=True)
+        # Arrays on a mesh with Explicit axes carry their shardings in their
+        # types: tracing, XLA's analyses and every dispatch need that mesh set.
+        with _jax_core.mesh_context(_jax_core.explicit_mesh(leaves)):
+            return self._call(leaves, arguments)
+
+    def _call(self, leaves: list, arguments):
+        traced, inputs, owned, cache_hit = self._prepare(leaves, arguments)
         try:
             outputs, stats, log = self._run(traced, inputs, owned, cache_hit)
         except OutOfBudgetError as err:
@@ -135,15 +142,16 @@ class _ValueAndGrad:
 
     def record(self, args: tuple, kwargs: dict) -> Trace:
         """The log of the program run in simulation, with no budget (`jdtr.trace`)."""
-        traced, _, owned, _ = self._prepare(args, kwargs)
+        leaves, arguments = flatten_arguments(self.argnums, args, kwargs, eager=True)
+        with _jax_core.mesh_context(_jax_core.explicit_mesh(leaves)):
+            traced, _, owned, _ = self._prepare(leaves, arguments)
         recorder = TraceRecorder()
         # The caller's arrays are not the run's to free, here as in a real run.
         run(recording(simulation(traced.online_program(), owned), recorder), math.inf, "dtr_eq", overhead_limit=None)
         return recorder.trace()
 
-    def _prepare(self, args: tuple, kwargs: dict):
+    def _prepare(self, leaves: list, arguments):
         """The traced program for these arguments (from the cache if it can) and its input arrays."""
-        leaves, arguments = flatten_arguments(self.argnums, args, kwargs, eager=True)
         traced = self.cache.get(arguments.key)
         cache_hit = traced is not None
         if traced is None:

@@ -15,7 +15,9 @@ run outside every checkpoint segment, under a `ScanStrategy`:
 * "carry" in 2 (or 3) levels: a scan of scans, T/k outer iterations of a
   checkpointed inner scan of k = sqrt(T): the outer level keeps only the
   carries at segment boundaries, and the backward pass of one segment holds
-  k carries (Chen et al.'s sqrt(T)); in 3 levels, T^(1/3) at each.
+  k carries (Chen et al.'s sqrt(T)); in 3 levels, T^(1/3) at each. Its
+  backward pass is written out (`segmented_scan`), so that every level
+  shares one accumulator of the constants' cotangents.
 
 Each saves less than the one before and recomputes more. The planner takes
 them in that order and keeps the first whose compiled step fits the budget
