@@ -15,7 +15,7 @@ from ..runtime import format_bytes
 from .autotune import Timing
 from .checkpoint import run_segments
 from .program import Equation, Program, Value, signature
-from .scans import KeptScan, body_decisions
+from .scans import KeptScan, ScanStrategy, body_decisions
 from .segments import NAME_PREFIX, SavePolicy, Segment
 
 
@@ -120,11 +120,12 @@ class Plan:
         for position, item in enumerate(self.program.body):
             if not (isinstance(item, Equation) and item.outputs):
                 continue
-            if position in kept:  # its body's equations, as its strategy answers for them
-                scan = kept[position]
-                for sig, is_saved in body_decisions(scan.equation, scan.strategy):
+            if item.scan is not None:  # its body's equations, as its strategy answers for them
+                scan = kept.get(position)  # (none: a plan without remat, the scan as JAX makes it)
+                strategy = scan.strategy if scan is not None else ScanStrategy()
+                for sig, is_saved in body_decisions(item, strategy):
                     (saved if is_saved else recomputed)[sig] += 1
-                if scan.strategy.levels > 1:
+                if strategy.levels > 1:
                     nested.append(scan.describe())
                 continue
             sig = signature(item.name, item.args)
