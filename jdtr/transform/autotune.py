@@ -65,15 +65,28 @@ def example_inputs(structs: Sequence[jax.ShapeDtypeStruct], seed: int = 0) -> li
     return arrays
 
 
+# A candidate whose warm-up run takes this many times the fastest one's is
+# not timed again: it cannot win, and repeating it could cost more than the
+# rest of planning (a convolution's gradient under a `cond` on the CPU, 20x).
+SLOW_WARMUP = 4.0
+
+
 def median_step_seconds(executables: Sequence[Any], inputs: Sequence[jax.Array], repeats: int = 3) -> list[float]:
     """Median wall time of each compiled step over `repeats` interleaved rounds
-    (after one warm-up run each, which also faults in its memory)."""
+    (after one warm-up run each, which also faults in its memory); a step
+    whose warm-up took `SLOW_WARMUP` times the fastest's keeps that time."""
+    warmups = []
     for exe in executables:
+        start = time.perf_counter()
         jax.block_until_ready(exe(*inputs))
-    samples: list[list[float]] = [[] for _ in executables]
+        warmups.append(time.perf_counter() - start)
+    fastest = min(warmups, default=0.0)
+    timed = [w <= SLOW_WARMUP * fastest for w in warmups]
+    samples: list[list[float]] = [[] if t else [w] for t, w in zip(timed, warmups)]
     for _ in range(repeats):
-        for exe, times in zip(executables, samples):
-            start = time.perf_counter()
-            jax.block_until_ready(exe(*inputs))
-            times.append(time.perf_counter() - start)
+        for exe, times, t in zip(executables, samples, timed):
+            if t:
+                start = time.perf_counter()
+                jax.block_until_ready(exe(*inputs))
+                times.append(time.perf_counter() - start)
     return [float(np.median(times)) for times in samples]

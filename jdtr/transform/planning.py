@@ -368,6 +368,11 @@ def make_plan(
         copies = sum(int(x.nbytes) for x in inputs)
     limit = max(target, chosen.compiled_bytes)
     fitting = [(plan, executable) for plan, executable in search.compiled if plan.compiled_bytes + copies <= limit]
+    if any(plan.gate != "cond" for plan, _ in fitting):
+        # A plan gated by conds is measured only as the fallback for a
+        # convolution's recomputation, which runs ~20x slower in a cond on the
+        # CPU: where another fits, it is not worth a run.
+        fitting = [(plan, executable) for plan, executable in fitting if plan.gate != "cond"]
     if not fitting:
         return chosen  # none can run beside the copy within the budget: chosen by memory
     seconds = median_step_seconds([executable for _, executable in fitting], inputs)
