@@ -23,6 +23,16 @@ slower than outside one (issue 22: an 8-block ResNet took 31x
 taint costs a scalar add per operation, fused into it or into its operand's
 producer. A segment that recomputes a convolution is gated by "select", any
 other by "cond" (which cost nothing where no convolution suffers).
+
+Outside a cond, XLA may also move work of the backward pass into the
+forward: the transposed copy of a segment's input that a convolution's
+weight gradient reads (XLA's fast path on the CPU) was made right after the
+forward convolution and held until the backward pass, a second copy of each
+saved activation (a 6-layer CNN: 20.7 MiB where the cond-gated step took
+12.6). The gate "inputs" selects every float residual by the predicate too,
+so nothing that reads one can run before the backward pass reaches the
+segment (14.6 MiB there); which of the two XLA compiles smaller varies with
+the model, so the planner measures both (`plan_search.PlanSearch`).
 """
 
 from __future__ import annotations
@@ -99,7 +109,9 @@ def named_forward(program: Program):
 
 
 
-GATES = ("auto", "cond")  # "auto": the taint ("select") for segments that recompute a convolution, else "cond"
+# "auto": the taint ("select") for segments that recompute a convolution,
+# else "cond"; "inputs": as "auto", every residual selected too ("select_all").
+GATES = ("auto", "inputs", "cond")
 
 
 def protects(implementation: str) -> bool:
@@ -108,7 +120,7 @@ def protects(implementation: str) -> bool:
 
 
 def gates_differ(program: Program, segments: Sequence[Segment], implementation: str) -> bool:
-    """Whether the gates "auto" and "cond" make different steps of these segments."""
+    """Whether the gates make different steps of these segments (they recompute a convolution)."""
     return protects(implementation) and any(_recomputes_a_convolution(program, seg) for seg in segments)
 
 
@@ -141,8 +153,9 @@ def _run_segment(
     a segment gated by "select", which its children take from it."""
     inputs = [v for v in seg.inputs if v not in consts]
     selected = implementation == "protected" and (
-        taint is not None or (gate == "auto" and _recomputes_a_convolution(program, seg))
+        taint is not None or (gate in ("auto", "inputs") and _recomputes_a_convolution(program, seg))
     )
+    select = "select_all" if gate == "inputs" else "select"
 
     def body(*xs):
         own, xs = (xs[0], xs[1:]) if selected else (None, xs)
@@ -159,7 +172,7 @@ def _run_segment(
     if selected:
         args, floats = [jnp.zeros((), jnp.float32) if taint is None else taint, *args], [True, *floats]
     if implementation == "protected":
-        wrapped = _protected_checkpoint(body, seg.policy, floats, "select" if selected else "cond")
+        wrapped = _protected_checkpoint(body, seg.policy, floats, select if selected else "cond")
     else:
         wrapped = jax.checkpoint(body, policy=seg.policy, prevent_cse=True)
     outs = wrapped(*args)
@@ -191,7 +204,7 @@ def _protected_checkpoint(
     time (the bits of a cotangent element, or-ed with 1, are never zero),
     by `gate` (the module's docstring): "cond" runs the recomputation in a
     `lax.cond` on it; "select" replaces the taint, `fn`'s first input, by a
-    select on it. `differentiable` marks the float inputs; the others
+    select on it; "select_all" every float residual too. `differentiable` marks the float inputs; the others
     (integers, keys) are carried as residuals and get no cotangent.
     """
     checkpointed = jax.checkpoint(fn, policy=policy, prevent_cse=True)
@@ -210,7 +223,7 @@ def _protected_checkpoint(
         floats = [x for x, d in zip(xs, differentiable) if d]
         others = [x for x, d in zip(xs, differentiable) if not d]
         out, vjp_fn = jax.vjp(lambda *f: checkpointed(*merge(f, others)), *floats)
-        if gate == "select":  # the taint is the first input
+        if gate in ("select", "select_all"):  # the taint is the first input
             found = [i for i, r in enumerate(jax.tree_util.tree_leaves(vjp_fn)) if r is xs[0]]
             taint_at[0] = found[0] if len(found) == 1 else None
         return out, (vjp_fn, others)
@@ -225,14 +238,15 @@ def _protected_checkpoint(
             leaf = _an_element(leaves)
             bits = lax.bitcast_convert_type(leaf.astype(jnp.float32), jnp.int32)
             undecided = (bits | 1) != 0  # always true; XLA cannot tell
-            if gate == "select":
+            if gate in ("select", "select_all"):
                 # `vjp_fn` is a pytree whose leaves are the residuals: the
                 # taint among them becomes a zero XLA cannot see. (Were it not
                 # found, every float residual is selected: copies, but safe.)
                 residuals, tree = jax.tree_util.tree_flatten(vjp_fn)
                 at = taint_at[0]
+                everything = gate == "select_all" or at is None
                 for i, r in enumerate(residuals):
-                    if i == at or (at is None and jnp.issubdtype(r.dtype, jnp.inexact)):
+                    if i == at or (everything and jnp.issubdtype(r.dtype, jnp.inexact)):
                         residuals[i] = jnp.where(undecided, r, jnp.ones_like(r) if i == at else jnp.zeros_like(r))
                 grads = jax.tree_util.tree_unflatten(tree, residuals)(cotangents)
             else:

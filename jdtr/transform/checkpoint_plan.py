@@ -83,8 +83,11 @@ class Plan:
         `jax.grad`'s own step fits the budget: no segments, nothing recomputed.
       gate: where segments are protected (on the CPU), how: "auto" gates the
         recomputation of a segment holding a convolution by a taint and any
-        other by a `lax.cond`; "cond" gates every one by a `lax.cond` (the
-        planner's fallback where no tainted plan fits).
+        other by a `lax.cond`; "inputs" as "auto", with the segment's saved
+        inputs selected by the predicate too (so XLA cannot move their
+        backward uses into the forward pass); "cond" gates every one by a
+        `lax.cond` (the planner's fallback where no tainted plan fits: a
+        convolution's gradient runs ~20x slower in it on the CPU).
       scans: the scans kept whole (`jdtr.transform.scans`): each runs outside
         the segments, its iterations keeping what its strategy says.
     """

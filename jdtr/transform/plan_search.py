@@ -27,6 +27,10 @@ from .segments import predicted_bytes, segments
 # whose compiled step exceeds the budget by at most this fraction is accepted;
 # beyond it, `plan` raises `OutOfBudgetError`.
 PLAN_SLACK = 0.10
+# Where the plan for a smaller target is one already measured, the target
+# shrinks by this factor, at most this many times, before the search gives up.
+REPEAT_SHRINK = 0.9
+MAX_REPEATS = 3
 
 
 class _Rematerialized(Observer):
@@ -137,19 +141,36 @@ class PlanSearch:
         """The plan within the budget, or None."""
         planning, target = self.planning, self.target
         fallback: Optional[Plan] = None  # a plan gated by conds that fits (`checkpoint.GATES`)
-        for _ in range(max_attempts):
+        attempts = repeats = 0
+        while attempts < max_attempts:
             plan = search_simulated_budget(planning, self.sim_peak, self.effective_target, self.heuristic)
-            if plan is None or layout(plan) in self.tried:
-                break  # asking for less no longer changes the plan: nothing better to find
+            if plan is None:
+                break
+            if layout(plan) in self.tried:
+                # Asking for a little less gave a plan measured before: ask for
+                # less still (a simulation, not a compile), a few times.
+                repeats += 1
+                if repeats > MAX_REPEATS:
+                    break  # asking for less no longer changes the plan: nothing better to find
+                self.effective_target *= REPEAT_SHRINK
+                continue
+            attempts += 1
             plan = self.measure(plan)
             if plan.compiled_bytes <= target:
                 return self._closer(plan)
-            if fallback is None and gates_differ(planning.forward, plan.segments, self.implementation):
-                # The taint keeps convolutions fast but may cost XLA copies: the
-                # same segments gated by conds, kept in case no tainted plan fits.
-                gated = self.measure(dataclasses.replace(plan, gate="cond", compiled_bytes=None))
-                if gated.compiled_bytes <= target:
-                    fallback = gated
+            if gates_differ(planning.forward, plan.segments, self.implementation):
+                # The taint keeps convolutions fast, but XLA may hoist backward
+                # work on the saved inputs into the forward pass: the same
+                # segments with those inputs gated too ("inputs"), then gated
+                # by conds, kept in case no tainted plan fits (slow).
+                inputs = self.measure(dataclasses.replace(plan, gate="inputs", compiled_bytes=None))
+                if inputs.compiled_bytes <= target:
+                    return self._closer(inputs)
+                plan = min(plan, inputs, key=lambda p: p.compiled_bytes)
+                if fallback is None:
+                    gated = self.measure(dataclasses.replace(plan, gate="cond", compiled_bytes=None))
+                    if gated.compiled_bytes <= target:
+                        fallback = gated
             # XLA needed more than the plan's memory model predicted: plan for
             # proportionally less.
             if planning.scale is not None:

@@ -121,8 +121,9 @@ def uniform_plan(planning: "Planning", base: Plan) -> Plan:
     cut = uniform_segments(forward, planning.residuals, gradient_bytes)
     saved = frozenset(v for s in cut for v in s.inputs)
     predicted = predicted_bytes(forward, cut, gradient_bytes)
+    gate = "auto" if base.gate == "cond" else base.gate  # (a cond-gated base is the slow fallback)
     return dataclasses.replace(
-        base, segments=cut, saved=saved, predicted_bytes=predicted, compiled_bytes=None, origin="uniform"
+        base, segments=cut, saved=saved, predicted_bytes=predicted, compiled_bytes=None, origin="uniform", gate=gate
     )
 
 
