@@ -28,7 +28,9 @@ import numpy as np
 from jax import lax
 
 
-def segmented_scan(body: Callable, consts: list, carry: list, xs: list, length: int, inner: Callable[[int, int], int], levels: int):
+def segmented_scan(
+    body: Callable, consts: list, carry: list, xs: list, length: int, inner: Callable[[int, int], int], levels: int
+):
     """`lax.scan` of `body(*consts, *carry, *x) -> [*carry, *y]` over `xs`
     (forward), in `levels` nested levels of segments of `inner(length,
     levels)` iterations each; returns (carry, ys).
@@ -142,7 +144,7 @@ def _starts(body, consts, carry, xs, length: int, k: int, num_carry: int, keep_y
     tail_start, (starts, ys) = lax.scan(segment, list(carry), jnp.arange(whole // k))
     ys = [y.reshape((whole, *y.shape[2:])) for y in ys]
     final = tail_start
-    if whole < length:
+    if whole < length and keep_ys:  # (a backward pass needs the tail's start alone)
         final, tail_ys = _plain(body, consts, tail_start, [x[whole:] for x in xs], num_carry, length - whole)
         ys = [jnp.concatenate([y, t]) for y, t in zip(ys, tail_ys)]
     return list(starts), list(tail_start), list(final), ys
@@ -176,18 +178,22 @@ def _back(body, floats, consts, carry, xs, ct_c, ct_k, ct_ys, length, inner, lev
     if k <= 1:
         return _back_flat(body, floats, consts, carry, xs, ct_c, ct_k, ct_ys, num_carry, length)
     starts, tail_start, _, _ = _starts(body, consts, carry, xs, length, k, num_carry)
-    return _back_from_starts(body, floats, consts, starts, tail_start, xs, ct_c, ct_k, ct_ys, length, k, inner, levels, num_carry)
+    return _back_from_starts(
+        body, floats, consts, starts, tail_start, xs, ct_c, ct_k, ct_ys, length, k, inner, levels, num_carry
+    )
 
 
-def _back_from_starts(body, floats, consts, starts, tail_start, xs, ct_c, ct_k, ct_ys, length, k, inner, levels, num_carry):
+def _back_from_starts(
+    body, floats, consts, starts, tail_start, xs, ct_c, ct_k, ct_ys, length, k, inner, levels, num_carry
+):
     """The backward pass of a run in segments of `k` from their starts: the
     tail first, then each segment in reverse, a level down."""
     whole = length // k * k
     tail_ct_xs = None
     if whole < length:  # the tail ran last: pulled back first
         ct_c, ct_k, tail_ct_xs = _back_flat(
-            body, floats, consts, tail_start, [x[whole:] for x in xs], ct_c, ct_k, [y[whole:] for y in ct_ys], num_carry,
-            length - whole,
+            body, floats, consts, tail_start, [x[whole:] for x in xs], ct_c, ct_k, [y[whole:] for y in ct_ys],
+            num_carry, length - whole,
         )
 
     def segment(acc, inputs):
@@ -199,7 +205,9 @@ def _back_from_starts(body, floats, consts, starts, tail_start, xs, ct_c, ct_k, 
         )
         return (ct_c, ct_k), ct_x
 
-    (ct_c, ct_k), ct_xs = lax.scan(segment, (list(ct_c), list(ct_k)), (list(starts), jnp.arange(whole // k)), reverse=True)
+    (ct_c, ct_k), ct_xs = lax.scan(
+        segment, (list(ct_c), list(ct_k)), (list(starts), jnp.arange(whole // k)), reverse=True
+    )
     ct_xs = [c.reshape((whole, *c.shape[2:])) for c in ct_xs]
     if tail_ct_xs is not None:
         ct_xs = [jnp.concatenate([h, t]) for h, t in zip(ct_xs, tail_ct_xs)]
