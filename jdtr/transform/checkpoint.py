@@ -204,8 +204,9 @@ def _protected_checkpoint(
     time (the bits of a cotangent element, or-ed with 1, are never zero),
     by `gate` (the module's docstring): "cond" runs the recomputation in a
     `lax.cond` on it; "select" replaces the taint, `fn`'s first input, by a
-    select on it; "select_all" every float residual too. `differentiable` marks the float inputs; the others
-    (integers, keys) are carried as residuals and get no cotangent.
+    select on it; "select_all" every float residual too. `differentiable`
+    marks the float inputs; the others (integers, keys) are carried as
+    residuals and get no cotangent.
     """
     checkpointed = jax.checkpoint(fn, policy=policy, prevent_cse=True)
 
