@@ -106,17 +106,17 @@ def run_scan(params: dict, strategy: ScanStrategy, *args):
     reverse = params["reverse"]
     consts, carry, xs = args[:num_consts], args[num_consts : num_consts + num_carry], args[num_consts + num_carry :]
     fun = _jax_core.jaxpr_function(params["jaxpr"])
-
-    def step(c, x):
-        outs = fun(*consts, *c, *x)
-        return list(outs[:num_carry]), list(outs[num_carry:])
-
     if strategy.levels > 1 and not reverse:
         # Nested segments with one accumulator of the constants' cotangents
         # (`segmented_scan`); a reverse scan keeps `jax.checkpoint`'s nesting.
         body = lambda *a: list(fun(*a))  # noqa: E731
         carry, ys = segmented_scan(body, list(consts), list(carry), list(xs), length, _inner_length, strategy.levels)
         return [*carry, *ys]
+
+    def step(c, x):
+        outs = fun(*consts, *c, *x)
+        return list(outs[:num_carry]), list(outs[num_carry:])
+
     if strategy.saves != "all":
         policy = (
             jax.checkpoint_policies.dots_with_no_batch_dims_saveable
