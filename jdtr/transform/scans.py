@@ -62,6 +62,15 @@ class ScanStrategy:
         nested = f", in {self.levels} nested levels of checkpointed segments ({k} iterations each)" if k > 1 else ""
         return f"each iteration saves {kept}{nested}"
 
+    @property
+    def policy(self):
+        """The `jax.checkpoint` policy of one iteration's body."""
+        return {
+            "all": jax.checkpoint_policies.everything_saveable,
+            "dots": jax.checkpoint_policies.dots_with_no_batch_dims_saveable,
+            "carry": jax.checkpoint_policies.nothing_saveable,
+        }[self.saves]
+
 
 # Least recompute first: the planner keeps the first whose step fits.
 STRATEGIES = (
@@ -110,7 +119,10 @@ def run_scan(params: dict, strategy: ScanStrategy, *args):
         # Nested segments with one accumulator of the constants' cotangents
         # (`segmented_scan`); a reverse scan keeps `jax.checkpoint`'s nesting.
         body = lambda *a: list(fun(*a))  # noqa: E731
-        carry, ys = segmented_scan(body, list(consts), list(carry), list(xs), length, _inner_length, strategy.levels)
+        ys_avals = params["jaxpr"].out_avals[num_carry:]
+        carry, ys = segmented_scan(
+            body, list(consts), list(carry), list(xs), ys_avals, length, _inner_length, strategy.levels
+        )
         return [*carry, *ys]
 
     def step(c, x):
@@ -118,12 +130,7 @@ def run_scan(params: dict, strategy: ScanStrategy, *args):
         return list(outs[:num_carry]), list(outs[num_carry:])
 
     if strategy.saves != "all":
-        policy = (
-            jax.checkpoint_policies.dots_with_no_batch_dims_saveable
-            if strategy.saves == "dots"
-            else jax.checkpoint_policies.nothing_saveable
-        )
-        step = jax.checkpoint(step, policy=policy, prevent_cse=False)
+        step = jax.checkpoint(step, policy=strategy.policy, prevent_cse=False)
     carry, ys = _nested_scan(step, list(carry), list(xs), length, strategy.levels, reverse)
     return [*carry, *ys]
 
@@ -286,7 +293,7 @@ def _measure(equation: Equation, strategy: ScanStrategy, one: int, described: tu
     if strategy.saves == "carry":
         described = tuple(f"{_short(s)} (carry)" for s in carry)
     else:
-        saving = jax.checkpoint(_step(equation), policy=jax.checkpoint_policies.dots_with_no_batch_dims_saveable)
+        saving = jax.checkpoint(_step(equation), policy=strategy.policy)
         _, saved = hidden_residuals(saving, body_specs, describe=True, producers=False)
         described = tuple(f"{d} (dot_general)" for d in saved)
     return ScanMemory(kept, transient, described)
@@ -314,11 +321,7 @@ def body_decisions(equation: Equation, strategy: ScanStrategy) -> list[tuple[tup
     equations, not its own: a `custom_jvp` shows its rule's). Read from JAX
     itself, by a recording policy under `jax.vjp` traced on shapes. Nested
     levels are no policy's to mirror: see `Plan.policy`."""
-    answer = {
-        "all": jax.checkpoint_policies.everything_saveable,
-        "dots": jax.checkpoint_policies.dots_with_no_batch_dims_saveable,
-        "carry": jax.checkpoint_policies.nothing_saveable,
-    }[strategy.saves]
+    answer = strategy.policy
     asked: list[tuple[tuple, bool]] = []
 
     def recording(prim, *avals, **params):

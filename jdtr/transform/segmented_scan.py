@@ -29,18 +29,25 @@ from jax import lax
 
 
 def segmented_scan(
-    body: Callable, consts: list, carry: list, xs: list, length: int, inner: Callable[[int, int], int], levels: int
+    body: Callable,
+    consts: list,
+    carry: list,
+    xs: list,
+    ys_avals: Sequence[Any],
+    length: int,
+    inner: Callable[[int, int], int],
+    levels: int,
 ):
     """`lax.scan` of `body(*consts, *carry, *x) -> [*carry, *y]` over `xs`
-    (forward), in `levels` nested levels of segments of `inner(length,
-    levels)` iterations each; returns (carry, ys).
+    (forward; one iteration's `y`s have types `ys_avals`), in `levels` nested
+    levels of segments of `inner(length, levels)` iterations each; returns
+    (carry, ys).
 
     Its gradient keeps the carries at the outer segments' starts, replays
     one segment at a time (itself in segments at the next level down) and
     holds one accumulator of the constants' cotangents throughout."""
     num_carry = len(carry)
-    shapes = jax.eval_shape(lambda *a: body(*a), *consts, *carry, *(x[0] for x in xs))
-    floats = _Floats(consts, carry, xs, shapes[num_carry:])
+    floats = _Floats(consts, carry, xs, ys_avals)
     k = inner(length, levels)
     has_tail = length % k != 0
     carry_shapes = [jax.ShapeDtypeStruct(np.shape(c), c.dtype) for c in carry]
