@@ -230,13 +230,49 @@ def _reads(item: Any) -> list[Value]:
 
 def per_device_bytes(arrays: Iterable[Any]) -> int:
     """The most bytes `arrays` hold on any one device (each array's largest
-    shard on every device it is placed on)."""
+    shard on every device it is placed on), each buffer once.
+
+    Reading a sharded array on the host (`np.asarray`: a `cond`'s predicate,
+    read to choose a path) leaves a single-device array over each shard it
+    read, cached on it, whose buffer is that shard's: `jax.live_arrays()`
+    lists it beside the array it views, and counting both would count the
+    shard twice."""
+    arrays = list(arrays)
     totals: dict[Any, int] = defaultdict(int)
     for a in arrays:
         nbytes = device_bytes(a)
         for device in a.sharding.device_set:
             totals[device] += nbytes
+    for view in _shard_views(arrays):
+        totals[next(iter(view.sharding.device_set))] -= device_bytes(view)
     return max(totals.values(), default=0)
+
+
+def _shard_views(arrays: Sequence[Any]) -> list[Any]:
+    """The single-device arrays among `arrays` whose buffer is a shard of
+    another of them. Only the arrays that could have such a view (same dtype,
+    a shard of the view's shape) are asked for their shards' buffers, since
+    asking makes (and caches) a view of each shard."""
+    singles = {}
+    for a in arrays:
+        if len(a.sharding.device_set) == 1:
+            singles.setdefault((a.dtype, tuple(a.shape)), []).append(a)
+    if not singles:
+        return []
+    views = []
+    for a in arrays:
+        devices = a.sharding.device_set
+        if len(devices) == 1:
+            continue
+        candidates = singles.get((a.dtype, tuple(a.sharding.shard_shape(a.shape))))
+        if not candidates:
+            continue
+        candidates = [v for v in candidates if next(iter(v.sharding.device_set)) in devices]
+        if not candidates:
+            continue
+        shards = {s.data.unsafe_buffer_pointer() for s in a.addressable_shards}
+        views.extend(v for v in candidates if v.unsafe_buffer_pointer() in shards)
+    return views
 
 
 def allocator_bytes(inputs: Sequence[Any], held: int) -> Optional[Callable[[], int]]:
