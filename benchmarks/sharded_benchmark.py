@@ -11,6 +11,7 @@ repeats; they mean little on a 2-core machine running 8 devices).
 
     python benchmarks/sharded_benchmark.py --output docs/benchmarks.md
     python benchmarks/sharded_benchmark.py --grad --output docs/benchmarks.md
+    python benchmarks/sharded_benchmark.py --grad --manual   # a loss that is one shard_map
 """
 
 from __future__ import annotations
@@ -85,30 +86,62 @@ def grad_rows(model_name: str, ratios, repeats: int) -> list[str]:
         mesh = jax.make_mesh(shape, names, axis_types=(AxisType.Auto,) * len(shape))
         params = jax.device_put(m.params, NamedSharding(mesh, weights))
         x = jax.device_put(m.batch, NamedSharding(mesh, P("data")))
-        compiled = jax.jit(jax.grad(m.loss))
-        full = per_device(jax.grad(m.loss), params, x)
-        reference = compiled(params, x)
-        for ratio in ratios:
-            step = jdtr.grad(m.loss, budget=ratio, return_stats=True)
-            try:
-                first, (_, stats) = timed(step, params, x)
-                checked = jdtr.grad(m.loss, budget=ratio, return_stats=True, debug=True)(params, x)[1]
-            except jdtr.OutOfBudgetError as err:
-                out.append(f"| {model_name} | {mesh_name} | {ratio} | {full / 2**20:.2f} | no plan fits: {err.suggested_budget_bytes} B | | | | | |")
-                continue
-            times: dict[str, list[float]] = {"jdtr": [], "jit": []}
-            for _ in range(repeats):  # interleaved, after the first (planning) call and a chunked one
-                times["jdtr"].append(timed(step, params, x)[0])
-                times["jit"].append(timed(compiled, params, x)[0])
-            grads, stats = step(params, x)
-            error = max(float(jnp.max(jnp.abs(a - b))) for a, b in zip(grads, reference))
-            ratio_time = statistics.median(times["jdtr"]) / statistics.median(times["jit"])
-            out.append(
-                f"| {model_name} | {mesh_name} | {ratio} | {full / 2**20:.2f} | {stats.unconstrained_peak_bytes / 2**20:.2f} | "
-                f"{stats.budget_bytes / 2**20:.2f} | {stats.peak_bytes / 2**20:.2f} | {checked.live_peak_bytes / 2**20:.2f} | "
-                f"{stats.chunks} | {first:.1f} s | {ratio_time:.2f} | {error:.1e} |"
-            )
+        out += [_grad_row(model_name, mesh_name, m.loss, params, x, ratio, repeats) for ratio in ratios]
     return out
+
+
+def manual_rows(ratios, repeats: int, layers: int = 8, width: int = 256, batch: int = 4096) -> list[str]:
+    """`jdtr.grad` on a loss written as one `shard_map` (Megatron-style
+    layers: a column- then a row-sharded matmul, a `psum` over each axis)."""
+    mesh = jax.make_mesh((2, 4), ("data", "model"), axis_types=(AxisType.Auto,) * 2)
+
+    def layer(w, h):
+        h = jax.lax.psum(jnp.tanh(h @ w[0]) @ w[1], "model")
+        return h * jax.lax.rsqrt(jax.lax.psum(jnp.mean(h * h), "data") / 2 + 1.0)
+
+    def loss(ws, x):
+        def body(ws, x):
+            for w in ws:
+                x = layer(w, x)
+            return x
+
+        specs = ([(P(None, "model"), P("model", None))] * len(ws), P("data"))
+        return jnp.mean(jax.shard_map(body, mesh=mesh, in_specs=specs, out_specs=P("data"))(ws, x) ** 2)
+
+    keys = iter(jax.random.split(jax.random.PRNGKey(0), 2 * layers + 1))
+    ws = [
+        tuple(jax.device_put(jax.random.normal(next(keys), (width, width)) / width**0.5, NamedSharding(mesh, s))
+              for s in (P(None, "model"), P("model", None)))
+        for _ in range(layers)
+    ]
+    x = jax.device_put(jax.random.normal(next(keys), (batch, width)), NamedSharding(mesh, P("data")))
+    name = f"one shard_map, {layers} Megatron layers of {width}, batch {batch}"
+    return [_grad_row(name, "data 2 x model 4", loss, ws, x, ratio, repeats) for ratio in ratios]
+
+
+def _grad_row(model_name: str, mesh_name: str, loss, params, x, ratio: float, repeats: int) -> str:
+    compiled = jax.jit(jax.grad(loss))
+    full = per_device(jax.grad(loss), params, x)
+    reference = compiled(params, x)
+    step = jdtr.grad(loss, budget=ratio, return_stats=True)
+    try:
+        first, (_, stats) = timed(step, params, x)
+        checked = jdtr.grad(loss, budget=ratio, return_stats=True, debug=True)(params, x)[1]
+    except jdtr.OutOfBudgetError as err:
+        return f"| {model_name} | {mesh_name} | {ratio} | {full / 2**20:.2f} | no plan fits: {err.suggested_budget_bytes} B | | | | | | | |"
+    times: dict[str, list[float]] = {"jdtr": [], "jit": []}
+    for _ in range(repeats):  # interleaved, after the first (planning) call and a chunked one
+        times["jdtr"].append(timed(step, params, x)[0])
+        times["jit"].append(timed(compiled, params, x)[0])
+    grads, stats = step(params, x)
+    leaves = zip(jax.tree.leaves(grads), jax.tree.leaves(reference))
+    error = max(float(jnp.max(jnp.abs(a - b))) for a, b in leaves)
+    ratio_time = statistics.median(times["jdtr"]) / statistics.median(times["jit"])
+    return (
+        f"| {model_name} | {mesh_name} | {ratio} | {full / 2**20:.2f} | {stats.unconstrained_peak_bytes / 2**20:.2f} | "
+        f"{stats.budget_bytes / 2**20:.2f} | {stats.peak_bytes / 2**20:.2f} | {checked.live_peak_bytes / 2**20:.2f} | "
+        f"{stats.chunks} ({stats.equations} equations) | {first:.1f} s | {ratio_time:.2f} | {error:.1e} |"
+    )
 
 
 def main(argv=None):
@@ -117,6 +150,7 @@ def main(argv=None):
     parser.add_argument("--output")
     parser.add_argument("--grad", action="store_true", help="jdtr.grad instead of jdtr.plan")
     parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--manual", action="store_true", help="with --grad: only the loss written as one shard_map")
     args = parser.parse_args(argv)
     if args.grad:
         lines = [f"### `jdtr.grad` on sharded arguments: bytes per device on an 8-device CPU mesh (issue 24), "
@@ -127,11 +161,12 @@ def main(argv=None):
                  "device, after every step). Step time: median of interleaved repeats against `jax.jit(jax.grad)` "
                  "(8 devices on 2 cores: a rough guide only).", "",
                  "| model | mesh | budget | jax.jit(jax.grad) MiB per device | unconstrained peak MiB | budget MiB | "
-                 "peak MiB | live peak MiB | dispatches | first call | step / jax.jit(jax.grad) | max grad difference |",
+                 "peak MiB | live peak MiB | dispatches (equations) | first call | step / jax.jit(jax.grad) | max grad difference |",
                  "|---|---|---|---|---|---|---|---|---|---|---|---|"]
-        for name in MODELS:
+        for name in [] if args.manual else MODELS:
             print(f"benchmarking jdtr.grad on {name} ...", file=sys.stderr)
             lines += grad_rows(name, args.ratios, args.repeats)
+        lines += manual_rows(args.ratios, args.repeats)
         text = "\n".join(lines)
         print(text)
         write_report(args.output, text)

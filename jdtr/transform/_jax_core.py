@@ -130,6 +130,12 @@ def has_effects(eqn: JaxprEqn) -> bool:
     return bool(eqn.effects)
 
 
+def has_side_effects(eqn: JaxprEqn) -> bool:
+    """Whether an equation of a `shard_map`'s body has effects other than
+    naming a mesh axis (a collective's: the `shard_map` has none)."""
+    return any(type(e).__name__ != "NamedAxisEffect" for e in eqn.effects)
+
+
 def aval_nbytes(aval: Any) -> int:
     """Device bytes of an abstract value; PRNG keys count their physical words."""
     import numpy as np
@@ -223,3 +229,18 @@ def traced_mesh_devices(x: Any) -> int:
 def aval_of(x: Any) -> Any:
     """The abstract value (shape, dtype, weak type) of a concrete value."""
     return jax.typeof(x) if hasattr(jax, "typeof") else jax.core.get_aval(x)
+
+
+def varying_axes(aval: Any) -> Optional[frozenset]:
+    """The mesh axes along which a value in a `shard_map`'s body varies (its
+    type, checked with `check_vma=True`); None where the type does not say
+    (JAX 0.7-0.9 name it `vma`, later JAX `mat.varying`)."""
+    found = getattr(aval, "vma", None)
+    if found is None:
+        found = getattr(getattr(aval, "mat", None), "varying", None)
+    return None if found is None else frozenset(found)
+
+
+def shard_map(fn, mesh: Any, in_specs: Any, out_specs: Any):
+    """`jax.shard_map(fn)` over all of `mesh`'s axes, its types checked."""
+    return jax.shard_map(fn, mesh=mesh, in_specs=in_specs, out_specs=out_specs, check_vma=True)

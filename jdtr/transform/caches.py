@@ -50,6 +50,21 @@ class Traced:
     # With scans kept whole: the programs of the other scan strategies, and
     # the unrolled one (`scan_variants.ScanVariants`).
     variants: Any = None
+    # With `shard_map`s whose bodies can be inlined: the program with them
+    # inlined (`manual.py`), made when a plan needs it (`inlined`).
+    make_inlined: Optional[Callable[[], Program]] = field(default=None, repr=False)
+    _inlined: Optional[Program] = field(default=None, repr=False)
+
+    def inlined(self) -> Optional[Program]:
+        """The program with its `shard_map`s' bodies inlined, or None where it has none."""
+        if self.make_inlined is None:
+            return None
+        if self._inlined is None:
+            made = self.make_inlined()  # (normalising compiles: not under the lock)
+            with self.lock:
+                if self._inlined is None:
+                    self._inlined = made
+        return self._inlined
 
     def online_program(self) -> Program:
         """The program an online run interprets: scans unrolled (the paper's

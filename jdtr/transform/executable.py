@@ -58,7 +58,8 @@ def _hashable(x: Any) -> Hashable:
     return x
 
 
-def _const_key(value: Any) -> Hashable:
+def const_key(value: Any) -> Hashable:
+    """A literal's part of a cache key: its dtype, shape and bytes."""
     array = np.asarray(value)
     return (array.dtype.str, array.shape, array.tobytes())
 
@@ -117,18 +118,18 @@ def primitive_executable(eqn: "_jax_core.JaxprEqn", inputs: Sequence[Any]) -> Ex
 
         return fn
 
+    operands = tuple(const_key(a.value) if isinstance(a, Const) else (a.shape, a.dtype, a.weak_type) for a in inputs)
+    return executable(bound_key("prim", eqn, subfuns, params, operands), build, primitive.multiple_results)
+
+
+def bound_key(tag: Hashable, eqn: "_jax_core.JaxprEqn", subfuns: tuple, params: dict, operands: Hashable) -> Hashable:
+    """The cache key of an executable that binds `eqn`'s primitive with
+    `params` on operands described by `operands`: equal equations share one
+    executable. One of its own where the parameters do not hash."""
     try:
-        key = (
-            "prim",
-            primitive,
-            _hashable(tuple(sorted(params.items()))),
-            _hashable(subfuns),
-            tuple(_const_key(a.value) if isinstance(a, Const) else (a.shape, a.dtype, a.weak_type) for a in inputs),
-            _hashable(ctx),
-        )
+        return (tag, eqn.primitive, _hashable(tuple(sorted(params.items()))), _hashable(subfuns), operands, _hashable(eqn.ctx))
     except TypeError:
-        key = ("unique", id(eqn), object())
-    return executable(key, build, primitive.multiple_results)
+        return ("unique", id(eqn), object())
 
 
 def placed_executable(exe: Executable, out_shardings: tuple) -> Executable:

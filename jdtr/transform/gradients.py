@@ -67,7 +67,7 @@ from .executor import Execution, chunks_for, serial_dispatch
 from .interpreter import Interpreter, JaxBackend, LiveArrayCheck, allocator_bytes
 from .lowering import recording, simulation
 from .caches import Traced, trace_cache
-from .scan_variants import plan_strategies
+from .scan_variants import first_plan
 from .tracing import trace_value_and_grad
 from .paths import run_by_paths
 from .planner import AUTO, THRASH_OVERHEAD, PlannedRun, branching, observe, plan_run, plannable, refine, verified_budget
@@ -238,7 +238,7 @@ class _ValueAndGrad:
         program = traced.program
         key = (budget_bytes, self.heuristic if isinstance(self.heuristic, str) else id(self.heuristic), self.dealloc, tuple(owned))
         path = () if branching(program) else None  # a cond on data: planned per path (paths.py)
-        plan, planned_before = traced.plan(key, lambda: _plan(traced, budget_bytes, self.heuristic, self.dealloc, owned, path))
+        plan, planned_before = traced.plan(key, lambda: first_plan(traced, budget_bytes, self.heuristic, self.dealloc, owned, path))
         program = plan.program or program
         planning = 0.0 if planned_before else plan.planning_time_s
         known_ahead = plan.path is None and not planned_before  # said once per plan, before the run
@@ -338,14 +338,6 @@ class _ValueAndGrad:
             if suggested is not None:
                 err.suggest(suggested)
         return err
-
-
-def _plan(traced: Traced, budget_bytes: int, heuristic, dealloc: str, owned: list, path) -> PlannedRun:
-    """A structure's first plan at this budget: of its program or, where its
-    scans are kept whole, of the scan strategy that computes least."""
-    if traced.variants is None:
-        return plan_run(traced.program, budget_bytes, heuristic, dealloc, owned, quick=True, path=path)
-    return plan_strategies(traced.variants, budget_bytes, heuristic, dealloc, owned, quick=True, path=path)
 
 
 def _report(

@@ -17,6 +17,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+import math
 from dataclasses import dataclass
 from typing import Any, Callable, Optional, Sequence
 
@@ -24,7 +26,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from . import _jax_core
+from . import _jax_core, manual
 from .costs import MEASURED, XLA, CostModel, RooflineCostModel, count, nanoseconds, xla_count
 from .devices import device_bytes, spread
 from .executable import Executable, analysis, executable, placed_executable, primitive_executable
@@ -48,9 +50,15 @@ class _Stack:
 
 class _Normalizer:
     def __init__(
-        self, cost_model: CostModel, keep_scans: bool = False, sharded: bool = False, hints: Optional[dict[int, Any]] = None
+        self,
+        cost_model: CostModel,
+        keep_scans: bool = False,
+        sharded: bool = False,
+        hints: Optional[dict[int, Any]] = None,
+        inline_manual: bool = False,
     ):
         self.next_id = 0
+        self.inline_manual = inline_manual  # a `shard_map`'s body inlined (`manual.py`)
         self.cost_model = cost_model
         self.keep_scans = keep_scans
         # Values placed over a mesh: each equation's outputs as XLA shards them.
@@ -103,7 +111,12 @@ class _Normalizer:
         effects: bool = False,
         source: Optional[str] = None,
         scan: Optional[dict] = None,
+        counted: Optional[tuple[Sequence[Any], Sequence[Any], int]] = None,
     ) -> list[Value]:
+        """Appends one equation; `counted` (its inputs' and outputs' types
+        and a factor) says what the cost model counts in place of its values'
+        (an equation of a `shard_map`'s body: one device's blocks, times the
+        devices)."""
         args = [a for a in inputs if isinstance(a, Value)]
         if self.sharded:
             exe = self.place(exe, args, len(out_avals))
@@ -111,7 +124,12 @@ class _Normalizer:
         outputs = tuple(self.new_value(a, s) for a, s in zip(out_avals, shardings))
         if self.sharded and not any(a.sharding is not None for a in args):
             self.floating.update(outputs)
-        cost = self.scan_cost(scan) if scan is not None else self.cost(exe, name, params or {}, args, outputs)
+        if scan is not None:
+            cost = self.scan_cost(scan)
+        elif counted is not None and self.cost_model not in (MEASURED, XLA):
+            cost = self.cost(exe, name, params or {}, counted[0], counted[1], [v.nbytes for v in (*args, *outputs)], counted[2])
+        else:
+            cost = self.cost(exe, name, params or {}, args, outputs)
         equation = Equation(name, tuple(inputs), outputs, exe.fn, cost, effects, source, exe.trace, exe, scan=scan)
         body.append(equation)
         return list(outputs)
@@ -150,10 +168,10 @@ class _Normalizer:
         body = normalize(params["jaxpr"], self.cost_model, keep_scans=True)
         return float(params["length"]) * max(body.simulated_cost(), 1.0)
 
-    def cost(self, exe: Executable, name: str, params: dict, args: Sequence[Value], outputs: Sequence[Value]):
+    def cost(self, exe: Executable, name: str, params: dict, args: Sequence[Any], outputs: Sequence[Any], nbytes=None, times: int = 1):
         if self.cost_model == MEASURED:
             return None  # timed by the backend on first run
-        nbytes = [v.nbytes for v in (*args, *outputs)]
+        nbytes = [v.nbytes for v in (*args, *outputs)] if nbytes is None else nbytes
         if self.cost_model == XLA:
             if exe.info is None:
                 exe.info = xla_count(exe.jitted, name, args, outputs, nbytes)
@@ -161,6 +179,8 @@ class _Normalizer:
         if self.cost_model is None and exe.cost is not None:
             return exe.cost  # a fresh structure of known equations (a new tree of known cells) counts nothing
         info = count(name, params, args, outputs, nbytes)
+        if times != 1:
+            info = dataclasses.replace(info, flops=info.flops * times, transcendentals=info.transcendentals * times)
         model = self.cost_model if self.cost_model is not None else RooflineCostModel()
         cost = nanoseconds(float(model(info)))
         if self.cost_model is None:
@@ -243,6 +263,8 @@ class _Normalizer:
             outs = self.unroll_scan(body, env, eqn)
         elif name == "cond":
             outs = self.cond(body, env, eqn)
+        elif self.sharded and self.inline_manual and manual.inlinable(eqn):
+            outs = self.inline_shard_map(body, env, eqn)
         elif name == "name":  # `checkpoint_name`: an identity DTR sees through
             outs = [self.lazy(env, eqn.invars[0])]
             self.names[eqn.params["name"]] = outs[0]
@@ -321,6 +343,30 @@ class _Normalizer:
         item_aval = jax.ShapeDtypeStruct(tuple(aval.shape[1:]), aval.dtype, weak_type=getattr(aval, "weak_type", False))
         return self.emit_fn(body, "index", key, lambda a: a[i], [x], item_aval)
 
+    def inline_shard_map(self, body: list[Item], env: dict, eqn: Any) -> list[Value]:
+        """A `shard_map`'s body, each equation over the mesh on its own (`manual.py`)."""
+        params = eqn.params
+        layout = manual.Layout(params["mesh"])
+        inner = params["jaxpr"]
+        devices = math.prod(layout.mesh.shape.values())
+        local: dict = {}
+        for var, atom, spec in zip(inner.invars, eqn.invars, params["in_specs"]):
+            outer = self.materialize_atom(body, self.read(body, env, atom))
+            (local[var],) = self.emit(body, "shard_map_enter", [outer], [layout.global_aval(var.aval)], layout.enter(spec, var.aval))
+        for e in inner.eqns:
+            inputs = [_literal(a) if _jax_core.is_literal(a) else local[a] for a in e.invars]
+            counted = ([v.aval for v in e.invars], [v.aval for v in e.outvars], devices)
+            outs = self.emit(
+                body, e.primitive.name, inputs, [layout.global_aval(v.aval) for v in e.outvars], layout.equation(e, inputs),
+                params=e.params, effects=_jax_core.has_side_effects(e), source=_jax_core.source_line(e), counted=counted,
+            )
+            local.update(zip(e.outvars, outs))
+        results = []
+        for var, spec, out in zip(inner.outvars, params["out_specs"], eqn.outvars):
+            (made,) = self.emit(body, "shard_map_leave", [local[var]], [out.aval], layout.leave(var.aval, spec))
+            results.append(made)
+        return results
+
     # ------------------------------------------------------------------ cond
 
     def cond(self, body: list[Item], env: dict, eqn: Any) -> list[Value]:
@@ -369,7 +415,11 @@ def keepable_scan(eqn: Any) -> bool:
 
 
 def normalize(
-    closed_jaxpr: Any, cost_model: CostModel = None, keep_scans: bool = False, shardings: Optional[Sequence[Any]] = None
+    closed_jaxpr: Any,
+    cost_model: CostModel = None,
+    keep_scans: bool = False,
+    shardings: Optional[Sequence[Any]] = None,
+    inline_manual: bool = False,
 ) -> Program:
     """The `Program` of a closed jaxpr: inputs are its invars, in order.
 
@@ -377,17 +427,20 @@ def normalize(
     one equation (its `scan` field holds its parameters; `scans.py`). With
     `shardings` (per input; None for one on a single device), the program
     runs over their mesh: every value has the sharding XLA gives it and its
-    bytes on one device (`Value.nbytes`), so budgets and peaks are per device."""
+    bytes on one device (`Value.nbytes`), so budgets and peaks are per device;
+    `inline_manual` inlines there the bodies of `shard_map`s (`manual.py`)."""
     placed = [spread(s) for s in shardings] if shardings is not None else []
     sharded = any(s is not None for s in placed)
-    program, n = _normalized(closed_jaxpr, cost_model, keep_scans, placed, sharded, None)
+    program, n = _normalized(closed_jaxpr, cost_model, keep_scans, placed, sharded, None, inline_manual)
     if n.found:  # made again, its floating values sharded as they are met (ids are the same)
-        program, _ = _normalized(closed_jaxpr, cost_model, keep_scans, placed, sharded, n.found)
+        program, _ = _normalized(closed_jaxpr, cost_model, keep_scans, placed, sharded, n.found, inline_manual)
     return program
 
 
-def _normalized(closed_jaxpr: Any, cost_model: CostModel, keep_scans: bool, placed: list, sharded: bool, hints) -> Any:
-    n = _Normalizer(cost_model, keep_scans, sharded, hints)
+def _normalized(
+    closed_jaxpr: Any, cost_model: CostModel, keep_scans: bool, placed: list, sharded: bool, hints, inline_manual: bool
+) -> Any:
+    n = _Normalizer(cost_model, keep_scans, sharded, hints, inline_manual)
     if isinstance(closed_jaxpr, _jax_core.ClosedJaxpr):
         closed_jaxpr = _jax_core.without_dead_code(closed_jaxpr)
     jaxpr, consts = _jax_core.open_jaxpr(closed_jaxpr)

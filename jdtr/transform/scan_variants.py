@@ -24,6 +24,11 @@ strategy that fits without rematerializing ends the search, as does one
 whose program alone costs more than the best plan so far. The unrolled
 program is planned where no strategy fits, or where the best recomputes
 more than `UNROLL_ABOVE` times the step.
+
+`first_plan` makes a structure's first plan at a budget: of the program
+(or its strategies); and, on a mesh, where that does not fit or recomputes
+more than `INLINE_ABOVE`, of the variant whose `shard_map`s' bodies are
+inlined (`manual.py`), if it does better.
 """
 
 from __future__ import annotations
@@ -37,9 +42,15 @@ from ..runtime import Heuristic, OutOfBudgetError
 from . import _jax_core
 from .collection import collection_paused
 from .normalize import MIN_KEPT_LENGTH, keepable_scan
-from .planner import THRASH_OVERHEAD, PlannedRun, plan_run
+from .planner import QUICK_OVERHEAD, THRASH_OVERHEAD, PlannedRun, plan_run
 from .program import Program
 from .scans import STRATEGIES, ScanStrategy, kept_scans, levels_within, run_scan
+
+# A plan of the step as written that recomputes more than this (overhead)
+# is compared with the plan of its `shard_map`s' bodies inlined (`manual.py`):
+# a whole `shard_map` runs fastest, so it is kept where DTR copes around it.
+INLINE_ABOVE = QUICK_OVERHEAD
+
 
 # Call primitives whose body is evaluated in place, so that the scans in
 # them are kept too (`jax.jit` inside a model, Flax's lifted transforms).
@@ -193,4 +204,38 @@ def plan_strategies(
     _, plan, program, strategy = best
     plan.planning_time_s = time.perf_counter() - start  # tracing the strategies' programs included
     plan.program, plan.scans, plan.baseline_cost = program, variants.describe(strategy, fitted), baseline
+    return plan
+
+
+def first_plan(traced: Any, budget_bytes: int, heuristic, dealloc: str, owned: list, path) -> PlannedRun:
+    """A structure's first plan at this budget: of its program or, where its
+    scans are kept whole, of the scan strategy that computes least; where
+    that does not fit or recomputes much, and the program has `shard_map`s,
+    the plan with their bodies inlined (`manual.py`) if it does better."""
+    try:
+        if traced.variants is None:
+            plan = plan_run(traced.program, budget_bytes, heuristic, dealloc, owned, quick=True, path=path)
+        else:
+            plan = plan_strategies(traced.variants, budget_bytes, heuristic, dealloc, owned, quick=True, path=path)
+    except OutOfBudgetError as err:
+        inlined = traced.inlined()
+        if inlined is None:
+            raise
+        try:
+            return _inlined(inlined, budget_bytes, heuristic, dealloc, owned, path, suggest=True)
+        except OutOfBudgetError as other:  # the error that suggests the smaller budget
+            raise min((err, other), key=lambda e: e.suggested_budget_bytes or float("inf")) from None
+    if plan.overhead > INLINE_ABOVE and traced.inlined() is not None:
+        try:
+            inlined = _inlined(traced.inlined(), budget_bytes, heuristic, dealloc, owned, path)
+        except OutOfBudgetError:
+            return plan
+        if inlined.overhead < plan.overhead:
+            return inlined
+    return plan
+
+
+def _inlined(program, budget_bytes: int, heuristic, dealloc: str, owned: list, path, suggest: bool = False) -> PlannedRun:
+    plan = plan_run(program, budget_bytes, heuristic, dealloc, owned, quick=True, path=path, suggest=suggest)
+    plan.program = program
     return plan

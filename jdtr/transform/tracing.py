@@ -22,6 +22,7 @@ from .aux import array_leaves, arrays_of_aux
 from .caches import Traced
 from .collection import collection_paused
 from .costs import MEASURED, CostModel
+from . import manual
 from .executable import assign_workspaces
 from .normalize import normalize
 from .program import Program
@@ -62,6 +63,10 @@ def trace_value_and_grad(
             unroll=lambda: _normalized(closed, cost_model, False, shardings),
         )
     traced = Traced(program, out_tree, program.unconstrained_peak(), time.perf_counter() - start, variants=variants)
+    if any(s is not None for s in shardings) and manual.has_inlinable(closed.jaxpr):
+        # The step as written first (a whole `shard_map` runs fastest); its
+        # bodies inlined where a budget needs DTR to decide inside them.
+        traced.make_inlined = lambda: _normalized(closed, cost_model, keep, shardings, inline_manual=True)
     traced.aux = aux
     return traced
 
@@ -81,10 +86,11 @@ def _value_and_grad_jaxpr(fun: Callable, argnums, has_aux: bool, holomorphic: bo
     return closed, jax.tree_util.tree_structure(out_shape), box[-1] if box else None
 
 
-def _normalized(closed: Any, cost_model: CostModel, keep_scans: bool, shardings: Sequence[Any]) -> Program:
+def _normalized(closed: Any, cost_model: CostModel, keep_scans: bool, shardings: Sequence[Any], inline_manual: bool = False) -> Program:
     """The program of a traced jaxpr, its values placed where the arguments'
-    `shardings` lead (a mesh: bytes per device) and with XLA's temporaries."""
-    program = normalize(closed, cost_model, keep_scans=keep_scans, shardings=shardings)
+    `shardings` lead (a mesh: bytes per device) and with XLA's temporaries;
+    with `inline_manual`, its `shard_map`s' bodies inlined (`manual.py`)."""
+    program = normalize(closed, cost_model, keep_scans=keep_scans, shardings=shardings, inline_manual=inline_manual)
     assign_workspaces(program)
     return program
 
