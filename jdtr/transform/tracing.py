@@ -17,12 +17,12 @@ from typing import Any, Callable, Optional, Sequence
 
 import jax
 
+from . import manual
 from .arguments import Arguments
 from .aux import array_leaves, arrays_of_aux
 from .caches import Traced
 from .collection import collection_paused
 from .costs import MEASURED, CostModel
-from . import manual
 from .executable import assign_workspaces
 from .normalize import normalize
 from .program import Program
