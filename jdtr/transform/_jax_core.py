@@ -244,3 +244,15 @@ def varying_axes(aval: Any) -> Optional[frozenset]:
 def shard_map(fn, mesh: Any, in_specs: Any, out_specs: Any):
     """`jax.shard_map(fn)` over all of `mesh`'s axes, its types checked."""
     return jax.shard_map(fn, mesh=mesh, in_specs=in_specs, out_specs=out_specs, check_vma=True)
+
+
+def constrain(x: Any, sharding: Any) -> Any:
+    """`x` placed by `sharding` inside a traced function: `jax.reshard` on a
+    mesh with `Explicit` axes (whose types must match), else a sharding
+    constraint."""
+    explicit = getattr(getattr(jax.sharding, "AxisType", None), "Explicit", None)
+    reshard = getattr(jax, "reshard", None) or getattr(jax.sharding, "reshard", None)
+    if reshard is not None and explicit is not None and explicit in tuple(getattr(sharding.mesh, "axis_types", ()) or ()):
+        return reshard(x, sharding.spec)
+    return jax.lax.with_sharding_constraint(x, sharding)
+

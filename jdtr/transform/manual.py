@@ -79,6 +79,10 @@ class Layout:
         axes = tuple(a for a in self.mesh.axis_names if a in varying)
         return jax.sharding.PartitionSpec(axes) if axes else jax.sharding.PartitionSpec()
 
+    def sharding(self, aval: Any) -> jax.sharding.NamedSharding:
+        """Where a value of the body lies, laid out: the `shard_map`s that make it fix it."""
+        return jax.sharding.NamedSharding(self.mesh, self.spec(aval))
+
     def global_aval(self, aval: Any) -> jax.ShapeDtypeStruct:
         varying = _jax_core.varying_axes(aval)
         k = math.prod(self.mesh.shape[a] for a in self.mesh.axis_names if a in varying)
@@ -88,7 +92,15 @@ class Layout:
         """The executable that lays out an argument of the `shard_map` (split by `in_spec`) as its body sees it."""
         out_spec = self.spec(aval)
         key = ("jdtr.manual.enter", self.mesh, in_spec, out_spec)
-        build = lambda: _jax_core.shard_map(lambda block: block[None], self.mesh, (in_spec,), out_spec)  # noqa: E731
+        mesh = self.mesh
+
+        def build():
+            # An argument made on one device (a cotangent broadcast from the
+            # loss) is placed by `in_spec` first: on `Explicit` axes its type
+            # must match.
+            laid_out = _jax_core.shard_map(lambda block: block[None], mesh, (in_spec,), out_spec)
+            return lambda a: laid_out(_jax_core.constrain(a, jax.sharding.NamedSharding(mesh, in_spec)))
+
         return executable(key, build, multiple_results=False)
 
     def leave(self, aval: Any, out_spec: Any) -> Executable:

@@ -112,17 +112,22 @@ class _Normalizer:
         source: Optional[str] = None,
         scan: Optional[dict] = None,
         counted: Optional[tuple[Sequence[Any], Sequence[Any], int]] = None,
+        placed: Optional[Sequence[Any]] = None,
     ) -> list[Value]:
         """Appends one equation; `counted` (its inputs' and outputs' types
         and a factor) says what the cost model counts in place of its values'
         (an equation of a `shard_map`'s body: one device's blocks, times the
-        devices)."""
+        devices), and `placed` its outputs' shardings, where the equation
+        fixes them (a `shard_map`'s out_specs)."""
         args = [a for a in inputs if isinstance(a, Value)]
-        if self.sharded:
-            exe = self.place(exe, args, len(out_avals))
-        shardings = self.out_shardings(exe, args, len(out_avals))
+        if placed is not None:
+            shardings = [spread(p) for p in placed]
+        else:
+            if self.sharded:
+                exe = self.place(exe, args, len(out_avals))
+            shardings = self.out_shardings(exe, args, len(out_avals))
         outputs = tuple(self.new_value(a, s) for a, s in zip(out_avals, shardings))
-        if self.sharded and not any(a.sharding is not None for a in args):
+        if self.sharded and placed is None and not any(a.sharding is not None for a in args):
             self.floating.update(outputs)
         if scan is not None:
             cost = self.scan_cost(scan)
@@ -352,18 +357,23 @@ class _Normalizer:
         local: dict = {}
         for var, atom, spec in zip(inner.invars, eqn.invars, params["in_specs"]):
             outer = self.materialize_atom(body, self.read(body, env, atom))
-            (local[var],) = self.emit(body, "shard_map_enter", [outer], [layout.global_aval(var.aval)], layout.enter(spec, var.aval))
+            (local[var],) = self.emit(
+                body, "shard_map_enter", [outer], [layout.global_aval(var.aval)], layout.enter(spec, var.aval),
+                placed=[layout.sharding(var.aval)],
+            )
         for e in inner.eqns:
             inputs = [_literal(a) if _jax_core.is_literal(a) else local[a] for a in e.invars]
             counted = ([v.aval for v in e.invars], [v.aval for v in e.outvars], devices)
             outs = self.emit(
                 body, e.primitive.name, inputs, [layout.global_aval(v.aval) for v in e.outvars], layout.equation(e, inputs),
                 params=e.params, effects=_jax_core.has_side_effects(e), source=_jax_core.source_line(e), counted=counted,
+                placed=[layout.sharding(v.aval) for v in e.outvars],
             )
             local.update(zip(e.outvars, outs))
         results = []
         for var, spec, out in zip(inner.outvars, params["out_specs"], eqn.outvars):
-            (made,) = self.emit(body, "shard_map_leave", [local[var]], [out.aval], layout.leave(var.aval, spec))
+            placed = [jax.sharding.NamedSharding(layout.mesh, spec)]
+            (made,) = self.emit(body, "shard_map_leave", [local[var]], [out.aval], layout.leave(var.aval, spec), placed=placed)
             results.append(made)
         return results
 
