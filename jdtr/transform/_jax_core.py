@@ -255,4 +255,3 @@ def constrain(x: Any, sharding: Any) -> Any:
     if reshard is not None and explicit is not None and explicit in tuple(getattr(sharding.mesh, "axis_types", ()) or ()):
         return reshard(x, sharding.spec)
     return jax.lax.with_sharding_constraint(x, sharding)
-

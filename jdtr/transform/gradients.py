@@ -70,7 +70,7 @@ from .caches import Traced, trace_cache
 from .scan_variants import first_plan
 from .tracing import trace_value_and_grad
 from .paths import run_by_paths
-from .planner import AUTO, THRASH_OVERHEAD, PlannedRun, branching, observe, plan_run, plannable, refine, verified_budget
+from .planner import AUTO, THRASH_OVERHEAD, branching, observe, plannable, refine, verified_budget
 
 MODES = ("planned", "online")
 CHUNK_POLICIES = ("auto", "always", "never")
