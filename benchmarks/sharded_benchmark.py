@@ -94,29 +94,9 @@ def manual_rows(ratios, repeats: int, layers: int = 8, width: int = 256, batch: 
     """`jdtr.grad` on a loss written as one `shard_map` (Megatron-style
     layers: a column- then a row-sharded matmul, a `psum` over each axis)."""
     mesh = jax.make_mesh((2, 4), ("data", "model"), axis_types=(AxisType.Auto,) * 2)
-
-    def layer(w, h):
-        h = jax.lax.psum(jnp.tanh(h @ w[0]) @ w[1], "model")
-        return h * jax.lax.rsqrt(jax.lax.psum(jnp.mean(h * h), "data") / 2 + 1.0)
-
-    def loss(ws, x):
-        def body(ws, x):
-            for w in ws:
-                x = layer(w, x)
-            return x
-
-        specs = ([(P(None, "model"), P("model", None))] * len(ws), P("data"))
-        return jnp.mean(jax.shard_map(body, mesh=mesh, in_specs=specs, out_specs=P("data"))(ws, x) ** 2)
-
-    keys = iter(jax.random.split(jax.random.PRNGKey(0), 2 * layers + 1))
-    ws = [
-        tuple(jax.device_put(jax.random.normal(next(keys), (width, width)) / width**0.5, NamedSharding(mesh, s))
-              for s in (P(None, "model"), P("model", None)))
-        for _ in range(layers)
-    ]
-    x = jax.device_put(jax.random.normal(next(keys), (batch, width)), NamedSharding(mesh, P("data")))
+    m = models.megatron_shard_map(mesh, layers, width, batch)
     name = f"one shard_map, {layers} Megatron layers of {width}, batch {batch}"
-    return [_grad_row(name, "data 2 x model 4", loss, ws, x, ratio, repeats) for ratio in ratios]
+    return [_grad_row(name, "data 2 x model 4", m.loss, m.params, m.batch, ratio, repeats) for ratio in ratios]
 
 
 def _grad_row(model_name: str, mesh_name: str, loss, params, x, ratio: float, repeats: int) -> str:

@@ -258,6 +258,42 @@ def gated_mlp(blocks: int = 16, width: int = 256, batch: int = 1024, seed: int =
     return Model(f"gated_mlp{blocks}x{width}_b{batch}", loss, params, (x, gates))
 
 
+def megatron_shard_map(mesh: Any, layers: int = 4, width: int = 128, batch: int = 2048, seed: int = 0) -> Model:
+    """A loss written as one `shard_map` over a mesh with axes "data" and
+    "model": Megatron-style layers (a column-sharded then a row-sharded
+    matmul, a `psum` over "model"), each normalised with a `psum` over
+    "data"; params and batch placed on `mesh` as the specs say."""
+    from jax.sharding import NamedSharding, PartitionSpec as P
+
+    shard_map = getattr(jax, "shard_map", None)
+    if shard_map is None:  # pragma: no cover - JAX before 0.7
+        from jax.experimental.shard_map import shard_map
+    data = mesh.shape["data"]
+    specs = (P(None, "model"), P("model", None))
+    keys = jax.random.split(jax.random.PRNGKey(seed), 2 * layers + 1)
+    params = [
+        tuple(jax.device_put(jax.random.normal(keys[2 * i + j], (width, width)) / jnp.sqrt(width), NamedSharding(mesh, s))
+              for j, s in enumerate(specs))
+        for i in range(layers)
+    ]
+    x = jax.device_put(jax.random.normal(keys[-1], (batch, width)), NamedSharding(mesh, P("data")))
+
+    def layer(w, h):
+        h = lax.psum(jnp.tanh(h @ w[0]) @ w[1], "model")
+        return h * lax.rsqrt(lax.psum(jnp.mean(h * h), "data") / data + 1.0)
+
+    def body(params, x):
+        for w in params:
+            x = layer(w, x)
+        return x
+
+    def loss(params, x):
+        in_specs = ([specs] * len(params), P("data"))
+        return jnp.mean(shard_map(body, mesh=mesh, in_specs=in_specs, out_specs=P("data"))(params, x) ** 2)
+
+    return Model(f"megatron_shard_map{layers}x{width}_b{batch}", loss, params, x)
+
+
 def batchnorm_cnn(batch: int = 64, seed: int = 0) -> Model:
     """A small Flax NNX CNN with BatchNorm (issue 21's): where the paper's
     heuristics run out of budget at 0.6 of its peak and recompute 1.5x more

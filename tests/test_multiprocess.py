@@ -27,21 +27,24 @@ import textwrap
 
 import jax
 import pytest
+from test_sharded import COLLECTIVE_LOSS
 
-SCRIPT = textwrap.dedent(
+# Joined before anything touches a device; then the loss with collectives of tests/test_sharded.py.
+_JOIN = textwrap.dedent(
     """
     import sys
     process, port = int(sys.argv[1]), sys.argv[2]
     import jax
     jax.config.update("jax_cpu_collectives_implementation", "gloo")
     jax.distributed.initialize(coordinator_address=f"localhost:{port}", num_processes=2, process_id=process)
+    """
+)
+
+SCRIPT = _JOIN + COLLECTIVE_LOSS + textwrap.dedent(
+    """
     import hashlib, warnings
     import jax.numpy as jnp, numpy as np
     from jax.sharding import AxisType, NamedSharding, PartitionSpec as P
-    try:
-        from jax import shard_map
-    except ImportError:
-        from jax.experimental.shard_map import shard_map
     import jdtr
     from jdtr import models
     assert jax.process_count() == 2 and jax.device_count() == 8 and jax.local_device_count() == 4
@@ -101,16 +104,7 @@ SCRIPT = textwrap.dedent(
         print("plan", budget, plan.compiled_bytes, hashlib.sha1(layout.encode()).hexdigest(), flush=True)
 
     data = jax.make_mesh((8,), ("data",), axis_types=(AxisType.Auto,))
-
-    def layer(w, h):
-        h = jnp.tanh(h @ w)
-        return h * jax.lax.rsqrt(jax.lax.psum(jnp.mean(h * h), "data") / 8 + 1.0)
-
-    def collective_loss(ws, x):
-        for w in ws:
-            x = shard_map(layer, mesh=data, in_specs=(P(), P("data")), out_specs=P("data"))(w, x)
-        return jnp.mean(x ** 2)
-
+    collective_loss = collective_loss_on(data)
     params = [put(w, NamedSharding(data, P())) for w in m.params[:8]]
     x = put(m.batch, NamedSharding(data, P("data")))
     step = jdtr.grad(collective_loss, budget=0.5, return_stats=True, debug=True)

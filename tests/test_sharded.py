@@ -274,33 +274,11 @@ GRAD_SCRIPT = COLLECTIVE_LOSS + textwrap.dedent(
     # A loss that is one shard_map (Megatron-style layers, a psum over each axis): its body is
     # inlined, each equation a shard_map of its own, so DTR plans inside it. Before, the two
     # shard_maps of its gradient were two operators holding every residual: no run below ~1.0.
-    def megatron(w, h):
-        h = jax.lax.psum(jnp.tanh(h @ w[0]) @ w[1], "model")
-        return h * jax.lax.rsqrt(jax.lax.psum(jnp.mean(h * h), "data") / 2 + 1.0)
-
-    def manual_loss_on(grid):
-        def manual_loss(ws, x):
-            def body(ws, x):
-                for w in ws:
-                    x = megatron(w, x)
-                return x
-
-            specs = ([(P(None, "model"), P("model", None))] * len(ws), P("data"))
-            return jnp.mean(shard_map(body, mesh=grid, in_specs=specs, out_specs=P("data"))(ws, x) ** 2)
-
-        return manual_loss
-
-    keys = jax.random.split(jax.random.PRNGKey(1), 9)
     # (on Explicit axes, the loss's cotangent, made on one device, is placed by the shard_map's in_specs first)
     for axis_type, budgets in ((AxisType.Auto, (0.6, 0.5)), (AxisType.Explicit, (0.5,))):
         grid = jax.make_mesh((2, 4), ("data", "model"), axis_types=(axis_type,) * 2)
-        manual_loss = manual_loss_on(grid)
-        ws = [
-            tuple(jax.device_put(jax.random.normal(keys[2 * i + j], (128, 128)) / 12, NamedSharding(grid, s))
-                  for j, s in enumerate((P(None, "model"), P("model", None))))
-            for i in range(4)
-        ]
-        x = jax.device_put(jax.random.normal(keys[8], (2048, 128)), NamedSharding(grid, P("data")))
+        manual = models.megatron_shard_map(grid, layers=4, width=128, batch=2048, seed=1)
+        manual_loss, ws, x = manual.loss, manual.params, manual.batch
         reference = jax.jit(jax.grad(manual_loss))(ws, x)
         for budget in budgets:
             step = jdtr.grad(manual_loss, budget=budget, return_stats=True, debug=True)
