@@ -117,7 +117,7 @@ def main(argv=None):
     parser.add_argument("--output")
     parser.add_argument("--plot")
     parser.add_argument("--small", action="store_true")
-    parser.add_argument("--only", nargs="+", help="models whose name contains one of these words (MLP, Transformer, ResNet, RNN)")
+    parser.add_argument("--only", nargs="+", help="models whose name contains one of these words (MLP, Transformer, ResNet, RNN, CNN)")
     parser.add_argument("--tuned-only", action="store_true", help="leave out the remat_grad(autotune=False) rows")
     args = parser.parse_args(argv)
     if args.small:
@@ -128,6 +128,7 @@ def main(argv=None):
             ("Transformer, 6 blocks, dim 128, seq 128, batch 8", lambda **kw: models.transformer(6, 128, 4, 128, 8, 256, **kw), 6),
             ("ResNet (BatchNorm), 8 blocks, 32 channels, 32x32, batch 16", lambda **kw: models.resnet(8, 32, 32, 16, **kw), 8),
             ("RNN in lax.scan, 64 steps, hidden 256, batch 64", lambda **kw: models.rnn(64, 256, 64, 64, **kw), 64),
+            ("Plain CNN, 6 convolutions and ReLU, 32 channels, 32x32, batch 16", lambda **kw: models.plain_cnn(6, 32, 32, 16, **kw), 6),
         ]
     if args.only:
         suite = [entry for entry in suite if any(word.lower() in entry[0].lower() for word in args.only)]

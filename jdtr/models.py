@@ -119,6 +119,37 @@ def resnet(
     return Model(f"resnet{blocks}x{channels}_b{batch}", loss, params, (images, labels))
 
 
+def plain_cnn(
+    layers: int = 6,
+    channels: int = 32,
+    image: int = 32,
+    batch: int = 16,
+    classes: int = 10,
+    seed: int = 0,
+    segment: Optional[Segment] = None,
+    every: int = 1,
+) -> Model:
+    """3x3 convolutions with ReLU and no normalisation or skip connections,
+    mean-pooled into a linear head; `segment` as in `mlp_chain`."""
+    keys = iter(jax.random.split(jax.random.PRNGKey(seed), layers + 3))
+    kernels = [
+        jax.random.normal(next(keys), (3, 3, 3 if i == 0 else channels, channels), jnp.float32)
+        * jnp.sqrt(2.0 / (9 * (3 if i == 0 else channels)))
+        for i in range(layers)
+    ]
+    params = {"convs": kernels, "head": jax.random.normal(next(keys), (channels, classes), jnp.float32) / jnp.sqrt(channels)}
+    images = jax.random.normal(next(keys), (batch, image, image, 3), jnp.float32)
+    labels = jax.random.randint(next(keys), (batch,), 0, classes)
+
+    def loss(params, batch):
+        x, y = batch
+        h = _apply_layers(lambda w, h: jax.nn.relu(_conv(h, w)), params["convs"], x, segment, every)
+        logits = jnp.mean(h, axis=(1, 2)) @ params["head"]
+        return -jnp.mean(jnp.take_along_axis(jax.nn.log_softmax(logits), y[:, None], axis=1))
+
+    return Model(f"plain_cnn{layers}x{channels}_b{batch}", loss, params, (images, labels))
+
+
 def _residual_block(p, h):
     r = jax.nn.relu(_batch_norm(_conv(h, p["conv1"]), *p["bn1"]))
     r = _batch_norm(_conv(r, p["conv2"]), *p["bn2"])

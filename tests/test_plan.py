@@ -493,15 +493,8 @@ def test_convolution_segments_are_gated_without_a_cond_and_keep_their_saving():
 
 
 
-def test_the_inputs_gate_keeps_xla_from_holding_a_transposed_copy_of_each_saved_input():
-    """Outside a cond, XLA on the CPU made the transposed copy of a saved
-    activation that a convolution's weight gradient reads right after the
-    forward convolution, and held it to the backward pass: a second copy of
-    each (a plain CNN's tainted plan compiled to 0.79 of `jax.grad`'s bytes,
-    where the cond-gated one took 0.49, 40x slower). The gate "inputs"
-    selects the saved inputs by the backward pass's predicate too, so the
-    copy is made when the backward pass reaches them; the planner measures
-    it, and keeps it where the taint alone does not fit."""
+def plain_cnn():
+    """Six 3x3 convolutions with ReLU, 16 channels, no normalisation."""
     keys = jax.random.split(jax.random.PRNGKey(0), 7)
     ws = [jax.random.normal(keys[i], (3, 3, 3 if i == 0 else 16, 16)) * 0.2 for i in range(6)]
     x = jax.random.normal(keys[6], (8, 16, 16, 3))
@@ -511,6 +504,19 @@ def test_the_inputs_gate_keeps_xla_from_holding_a_transposed_copy_of_each_saved_
             x = jax.nn.relu(jax.lax.conv_general_dilated(x, w, (1, 1), "SAME", dimension_numbers=("NHWC", "HWIO", "NHWC")))
         return jnp.mean(x**2)
 
+    return loss, ws, x
+
+
+def test_the_inputs_gate_keeps_xla_from_holding_a_transposed_copy_of_each_saved_input():
+    """Outside a cond, XLA on the CPU made the transposed copy of a saved
+    activation that a convolution's weight gradient reads right after the
+    forward convolution, and held it to the backward pass: a second copy of
+    each (a plain CNN's tainted plan compiled to 0.79 of `jax.grad`'s bytes,
+    where the cond-gated one took 0.49, 40x slower). The gate "inputs"
+    selects the saved inputs by the backward pass's predicate too, so the
+    copy is made when the backward pass reaches them; the planner measures
+    it, and keeps it where the taint alone does not fit."""
+    loss, ws, x = plain_cnn()
     full = compiled_total(jax.grad(loss), ws, x)
     plan = jdtr.plan(loss, ws, x, budget=0.7, autotune=False)
     if jax.default_backend() != "cpu":
@@ -519,6 +525,26 @@ def test_the_inputs_gate_keeps_xla_from_holding_a_transposed_copy_of_each_saved_
     taint_only = compiled_total(dataclasses.replace(plan, gate="auto").grad, ws, x)
     assert plan.compiled_bytes < taint_only - 0.1 * full
     assert_trees_close(jax.jit(plan.grad)(ws, x), jax.grad(loss)(ws, x), rtol=1e-4, atol=1e-6)
+
+def test_convolution_plans_nest_to_the_left_before_falling_back_to_conds():
+    """Where no tainted plan fits, the planner regroups the smallest one's
+    segments to the left, ((s1, s2), s3), before the cond-gated fallback
+    (~40x slower on the CPU): a group then keeps one segment's input at a
+    time, and XLA fewer transposed copies for the convolutions' weight
+    gradients. On this CNN at 0.5 the planner kept conds before; now a
+    tainted plan fits, whose segments laid out flat do not."""
+    m = jdtr.models.plain_cnn(layers=6, channels=16, image=16, batch=8)
+    plan = jdtr.plan(m.loss, m.params, m.batch, budget=0.5, autotune=False)
+    if jax.default_backend() != "cpu":
+        pytest.skip("segments are gated only on the CPU")
+    assert plan.gate == "auto" and plan.compiled_bytes <= plan.budget_bytes, plan.report()
+    nested = [seg for seg in plan.segments if seg.children]
+    assert nested and all(not seg.children[-1].children for seg in nested)  # the last child of a group is a leaf
+    flat = dataclasses.replace(plan, segments=tuple(leaf for seg in plan.segments for leaf in seg.leaves()))
+    assert compiled_total(flat.grad, m.params, m.batch) > plan.budget_bytes
+    reference = jax.grad(m.loss)(m.params, m.batch)
+    assert_trees_close(jax.jit(plan.grad)(m.params, m.batch), reference, rtol=1e-4, atol=1e-6)
+
 
 def test_bad_arguments():
     with pytest.raises(ValueError, match="implementation"):

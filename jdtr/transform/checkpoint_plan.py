@@ -78,8 +78,9 @@ class Plan:
       policy: one `SavePolicy` for the whole plan (names and signatures).
       origin: "dtr" where the segments are read from `simulated`; "uniform"
         for the autotuning candidate of evenly spaced segments that save
-        nothing inside (Chen et al.'s sqrt(N) checkpointing; `simulated`
-        is then DTR's run at the budget, for comparison); "none" where
+        nothing inside (Chen et al.'s sqrt(N) checkpointing, or such segments
+        of equal compute nested to the left, `segments.nested_left`;
+        `simulated` is then DTR's run at the budget, for comparison); "none" where
         `jax.grad`'s own step fits the budget: no segments, nothing recomputed.
       gate: where segments are protected (on the CPU), how: "auto" gates the
         recomputation of a segment holding a convolution by a taint and any

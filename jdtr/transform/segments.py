@@ -23,7 +23,10 @@ from .scans import ScanMemory
 
 
 NAME_PREFIX = "jdtr:"
-# XLA's buffer assignment is not fully predictable from the plan: a plan
+# Groups nested to the left (`_nest_left`) hold at most this many leaves: a
+# group recomputes its leaves quadratically often, and its depth (one level
+# per leaf) is traced and compiled as nested checkpoints.
+LEFT_NESTED_MAX = 8
 
 # --------------------------------------------------------------------- policy
 
@@ -267,6 +270,44 @@ def _item_cost(item) -> float:
     return 1.0
 
 
+def _nest_left(
+    program: Program, crossings: _Crossings, saved: set, residuals: set, leaves: Sequence[Segment],
+    size: int, memo: Optional[dict] = None,
+) -> tuple[Segment, ...]:
+    """Groups of `size` consecutive `leaves`, each nested to the left:
+    ((l1, l2), l3) for three. While a group's backward pass runs, it keeps
+    its own input and the input of the one leaf whose backward pass runs,
+    recomputing the leaves before it once per leaf (quadratic in `size`), as
+    the binomial checkpointing of Griewank's `revolve` does with one
+    checkpoint. Where XLA's backward work on a saved activation may start as
+    soon as that activation exists (the transposed copies of a convolution's
+    weight gradient on the CPU), a group keeps fewer of them at once than
+    groups whose leaves are its direct children (uniform `_nest`)."""
+    out = []
+    for i in range(0, len(leaves), size):
+        group = leaves[i : i + size]
+        seg = group[0]
+        for leaf in group[1:]:
+            seg = _segment(program, crossings, saved, residuals, seg.start, leaf.stop, 0, (seg, leaf), memo)
+        out.append(seg)
+    return tuple(dataclasses.replace(seg, index=i) for i, seg in enumerate(out))
+
+
+def nested_left(program: Program, segments: Sequence[Segment], residuals: set[Value]) -> list[tuple[Segment, ...]]:
+    """The leaves of `segments` regrouped to the left (`_nest_left`), one
+    plan per group size, least recompute first (larger groups keep less and
+    recompute more). XLA's bytes for them are not what `predicted_bytes`
+    says on convolutions on the CPU, so the planner measures them
+    (`plan_search.PlanSearch`)."""
+    leaves = [leaf for seg in segments for leaf in seg.leaves()]
+    crossings, memo = _crossings(program), {}
+    found = []
+    for size in range(2, min(LEFT_NESTED_MAX, len(leaves)) + 1):
+        nested = _nest_left(program, crossings, set(), residuals, leaves, size, memo)
+        found.append((sum(_recompute_cost(program, seg) for seg in nested), nested))
+    return [nested for _, nested in sorted(found, key=lambda c: c[0])]
+
+
 def _branchings(count: int, depth: int) -> list[int]:
     """Branching factors worth trying for `count` leaves at `depth` levels:
     those that change the number of top-level segments."""
@@ -365,6 +406,38 @@ def _crossing_bytes(crossings: _Crossings, i: int, saved: set) -> int:
     return sum(v.nbytes for v in crossings.live[i] if not _free_to_cross(v, saved))
 
 
+class _Uniform:
+    """Flat segments that save nothing inside, by count: of about equal
+    residual bytes, or with `by_cost`, of about equal compute."""
+
+    def __init__(self, program: Program, residuals: set[Value], by_cost: bool = False):
+        self.program, self.residuals = program, residuals
+        self.crossings = crossings = _crossings(program)
+        self.before = [0]
+        for item in program.body:
+            weight = _item_cost(item) if by_cost else sum(v.nbytes for v in item.outputs if v in residuals)
+            self.before.append(self.before[-1] + weight)
+        self.crossing = [0, *(_crossing_bytes(crossings, i, set()) for i in range(1, len(program.body)))]
+        self.memo: dict = {}
+
+    def segments(self, count: int) -> tuple[Segment, ...]:
+        bounds = [0, *_uniform_cuts(self.before, self.crossing, count), len(self.program.body)]
+        return tuple(
+            _segment(self.program, self.crossings, set(), self.residuals, start, stop, i, memo=self.memo)
+            for i, (start, stop) in enumerate(zip(bounds[:-1], bounds[1:]))
+        )
+
+
+def uniform_leaves(program: Program, residuals: set[Value], most: int) -> tuple[Segment, ...]:
+    """As many flat segments as the cuts allow, at most `most`, of about
+    equal compute and saving nothing inside: leaves to nest (`nested_left`),
+    each recomputed as often as its place in a group says. (Asked for more
+    runs than a chain has layers, the even split points fall between
+    layers, and some find no cut near them.)"""
+    uniform = _Uniform(program, residuals, by_cost=True)
+    return max((uniform.segments(count) for count in range(most, 1, -1)), key=len, default=())
+
+
 def uniform_segments(program: Program, residuals: set[Value], gradient_bytes: int) -> tuple[Segment, ...]:
     """Chen et al.'s checkpointing (2016) in jdtr's terms: flat segments that
     save nothing inside, of equal residual bytes, as many as minimise the
@@ -375,20 +448,11 @@ def uniform_segments(program: Program, residuals: set[Value], gradient_bytes: in
     nearly free (XLA on the CPU fuses it into the backward pass), can take
     longer for what they store. Autotuning times this plan beside DTR's.
     """
-    crossings = _crossings(program)
-    before = [0]
-    for item in program.body:
-        before.append(before[-1] + sum(v.nbytes for v in item.outputs if v in residuals))
-    crossing = [0, *(_crossing_bytes(crossings, i, set()) for i in range(1, len(program.body)))]
-    memo, found = {}, []
+    uniform = _Uniform(program, residuals)
+    found = []
     limit = 2 * int(np.sqrt(len(program.body))) + 2
     for count in range(2, max(limit, 3)):
-        cuts = _uniform_cuts(before, crossing, count)
-        bounds = [0, *cuts, len(program.body)]
-        segments = tuple(
-            _segment(program, crossings, set(), residuals, start, stop, i, memo=memo)
-            for i, (start, stop) in enumerate(zip(bounds[:-1], bounds[1:]))
-        )
+        segments = uniform.segments(count)
         found.append((predicted_bytes(program, segments, gradient_bytes), segments))
     # The predicted memory is flat around its minimum (kept inputs trade
     # against the largest recomputation); XLA's own count is lowest in the
