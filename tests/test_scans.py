@@ -10,6 +10,7 @@ count.
 
 from __future__ import annotations
 
+import dataclasses
 import warnings
 
 import jax
@@ -316,3 +317,36 @@ def test_no_plan_fits_suggests_the_smallest_plan_of_any_strategy():
     assert suggested < 0.6 * full
     plan = jdtr.plan(loss, params, x, budget=suggested, autotune=False)
     assert plan.compiled_bytes <= suggested
+
+
+def test_segments_nested_to_the_left_never_span_a_kept_scan():
+    """The planner's regrouping of segments to the left (`segments.nested_left`,
+    tried for convolutions on the CPU) groups only segments that follow one
+    another: a kept scan runs outside every segment, and a group spanning it
+    would skip it. Each regrouping computes `jax.grad`'s gradients."""
+    from jdtr.transform.segments import nested_left
+
+    keys = jax.random.split(jax.random.PRNGKey(0), 4)
+    params = {name: jax.random.normal(k, (32, 32)) * 0.1 for name, k in zip("awb", keys)}
+    x = jax.random.normal(keys[3], (256, 32))
+
+    def loss(p, x):
+        for _ in range(3):
+            x = jnp.tanh(x @ p["a"])
+        x, _ = lax.scan(lambda h, _: (jnp.tanh(h @ p["w"]), None), x, None, length=16)
+        for _ in range(3):
+            x = jnp.tanh(x @ p["b"])
+        return jnp.mean(x**2)
+
+    plan = jdtr.plan(loss, params, x, budget=0.5, autotune=False)
+    (scan,) = plan.scans
+    assert any(s.stop <= scan.position for s in plan.segments) and any(s.start > scan.position for s in plan.segments)
+    options = nested_left(plan.program, plan.segments, set())
+    assert options and any(seg.children for option in options for seg in option)
+    reference = jax.grad(loss)(params, x)
+    for option in options:
+        for seg in option:
+            assert not seg.start <= scan.position < seg.stop
+            for a, b in zip(seg.children, seg.children[1:]):
+                assert a.stop == b.start
+        assert_trees_close(jax.jit(dataclasses.replace(plan, segments=option).grad)(params, x), reference, rtol=1e-5, atol=1e-6)

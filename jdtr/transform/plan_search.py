@@ -208,14 +208,14 @@ class PlanSearch:
         bisected: the largest first (if it does not fit, none is tried)."""
         planning = self.planning
         tainted = self._tainted()
-        uniform = dataclasses.replace(
-            tainted[0], segments=uniform_leaves(planning.forward, planning.residuals, LEFT_NESTED_MAX),
-            saved=frozenset(), origin="uniform",
-        )
+        sources = tainted
+        if not planning.kept_scans:  # (uniform segments would cut through a kept scan's neighbours alone)
+            leaves = uniform_leaves(planning.forward, planning.residuals, LEFT_NESTED_MAX)
+            sources = [*tainted, dataclasses.replace(tainted[0], segments=leaves, saved=frozenset(), origin="uniform")]
         seen: set = set()
-        for plan in [*tainted, uniform]:
+        for plan in sources:
             leaves = tuple((leaf.start, leaf.stop) for seg in plan.segments for leaf in seg.leaves())
-            if leaves in seen or (len(seen) >= plans and plan is not uniform):
+            if leaves in seen or (len(seen) >= plans and plan.origin != "uniform"):
                 continue
             seen.add(leaves)
             found = self._bisect_groups(plan)

@@ -284,13 +284,25 @@ def _nest_left(
     weight gradient on the CPU), a group keeps fewer of them at once than
     groups whose leaves are its direct children (uniform `_nest`)."""
     out = []
-    for i in range(0, len(leaves), size):
-        group = leaves[i : i + size]
-        seg = group[0]
-        for leaf in group[1:]:
-            seg = _segment(program, crossings, saved, residuals, seg.start, leaf.stop, 0, (seg, leaf), memo)
-        out.append(seg)
+    for run in _adjacent_runs(leaves):  # a group must not span what runs outside every segment (a kept scan)
+        for i in range(0, len(run), size):
+            group = run[i : i + size]
+            seg = group[0]
+            for leaf in group[1:]:
+                seg = _segment(program, crossings, saved, residuals, seg.start, leaf.stop, 0, (seg, leaf), memo)
+            out.append(seg)
     return tuple(dataclasses.replace(seg, index=i) for i, seg in enumerate(out))
+
+
+def _adjacent_runs(leaves: Sequence[Segment]) -> list[list[Segment]]:
+    """`leaves` split where one does not start where the one before it stops."""
+    runs: list[list[Segment]] = []
+    for leaf in leaves:
+        if runs and runs[-1][-1].stop == leaf.start:
+            runs[-1].append(leaf)
+        else:
+            runs.append([leaf])
+    return runs
 
 
 def nested_left(program: Program, segments: Sequence[Segment], residuals: set[Value]) -> list[tuple[Segment, ...]]:
