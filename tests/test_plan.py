@@ -643,3 +643,24 @@ def test_several_processes_plan_by_memory_alone(monkeypatch):
     assert plan.timings == ()
     with pytest.warns(UserWarning, match="several processes"):
         jdtr.plan(lambda p, x: m.loss(p, x), m.params, m.batch, budget=0.5, autotune=True)
+
+
+def test_within_the_slack_a_plan_without_conds_is_kept_over_a_smaller_cond_gated_one():
+    """Where no plan fits and several are within the planner's slack, the one
+    kept is the smallest whose convolutions run outside conds: a cond-gated
+    plan 0.5% smaller (a VGG-like net with pooling at 0.6: 0.605 of
+    `jax.grad`'s bytes under conds, 0.608 without) runs ~40x slower on the CPU."""
+    from types import SimpleNamespace
+
+    from jdtr.transform.plan_search import PLAN_SLACK, PlanSearch
+
+    search = PlanSearch.__new__(PlanSearch)
+    search.target = 1000
+    within = 1000 * (1 + PLAN_SLACK)
+    plans = [SimpleNamespace(gate=g, compiled_bytes=b) for g, b in [("cond", 1040), ("inputs", 1050), ("auto", 1060), ("auto", within + 1)]]
+    search.compiled = [(p, None) for p in plans]
+    assert search.best_within_slack() is plans[1]
+    search.compiled = [(plans[0], None), (plans[3], None)]
+    assert search.best_within_slack() is plans[0]  # only a cond-gated plan is within the slack
+    search.compiled = [(plans[3], None)]
+    assert search.best_within_slack() is None

@@ -272,6 +272,16 @@ class PlanSearch:
     def within_slack(self) -> bool:
         return self.best is not None and self.best.compiled_bytes <= self.target * (1 + PLAN_SLACK)
 
+    def best_within_slack(self) -> Optional[Plan]:
+        """The plan to keep where none fits and some are within the slack:
+        the smallest that keeps convolutions out of conds, where one is
+        within it (a cond-gated one a few bytes smaller runs ~40x slower on
+        the CPU), else the smallest."""
+        limit = self.target * (1 + PLAN_SLACK)
+        within = [p for p, _ in self.compiled if p.compiled_bytes <= limit]
+        fast = [p for p in within if p.gate != "cond"]
+        return min(fast or within, key=lambda p: p.compiled_bytes, default=None)
+
     def error(self) -> OutOfBudgetError:
         """No plan fits: say so rather than hand back a step over the budget,
         with the smallest plan's bytes as a budget that works."""

@@ -326,7 +326,7 @@ def make_plan(
             measured = [s for s in searches if s.best is not None]
             raise min(measured, key=lambda s: s.best.compiled_bytes, default=searches[-1]).error()
         search = slack[0]
-        planning, chosen = search.planning, search.best
+        planning, chosen = search.planning, search.best_within_slack()
     if autotune is False:
         return chosen
     if jax.process_count() > 1:
