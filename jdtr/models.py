@@ -128,26 +128,44 @@ def plain_cnn(
     seed: int = 0,
     segment: Optional[Segment] = None,
     every: int = 1,
+    pools: Sequence[int] = (),
 ) -> Model:
     """3x3 convolutions with ReLU and no normalisation or skip connections,
-    mean-pooled into a linear head; `segment` as in `mlp_chain`."""
+    mean-pooled into a linear head; `segment` as in `mlp_chain`. After each
+    layer whose index is in `pools`, a 2x2 max pool halves the image and
+    the next convolution doubles the channels (VGG-like)."""
     keys = iter(jax.random.split(jax.random.PRNGKey(seed), layers + 3))
-    kernels = [
-        jax.random.normal(next(keys), (3, 3, 3 if i == 0 else channels, channels), jnp.float32)
-        * jnp.sqrt(2.0 / (9 * (3 if i == 0 else channels)))
-        for i in range(layers)
-    ]
-    params = {"convs": kernels, "head": jax.random.normal(next(keys), (channels, classes), jnp.float32) / jnp.sqrt(channels)}
+    widths, width = [], channels
+    for i in range(layers):
+        widths.append(width)
+        if i in pools:
+            width *= 2
+    kernels = []
+    for i, cout in enumerate(widths):
+        cin = 3 if i == 0 else widths[i - 1]
+        kernels.append(jax.random.normal(next(keys), (3, 3, cin, cout), jnp.float32) * jnp.sqrt(2.0 / (9 * cin)))
+    params = {"convs": kernels, "head": jax.random.normal(next(keys), (widths[-1], classes), jnp.float32) / jnp.sqrt(widths[-1])}
     images = jax.random.normal(next(keys), (batch, image, image, 3), jnp.float32)
     labels = jax.random.randint(next(keys), (batch,), 0, classes)
+    # A pool is an entry with no arrays in the list of layers, so that it
+    # stays a Python value through `segment` (a `jax.checkpoint`).
+    for i in sorted(pools, reverse=True):
+        kernels.insert(i + 1, ())
+    params["convs"] = kernels
+
+    def layer(p, h):
+        if isinstance(p, tuple):
+            return lax.reduce_window(h, -jnp.inf, lax.max, (1, 2, 2, 1), (1, 2, 2, 1), "VALID")
+        return jax.nn.relu(_conv(h, p))
 
     def loss(params, batch):
         x, y = batch
-        h = _apply_layers(lambda w, h: jax.nn.relu(_conv(h, w)), params["convs"], x, segment, every)
+        h = _apply_layers(layer, params["convs"], x, segment, every)
         logits = jnp.mean(h, axis=(1, 2)) @ params["head"]
         return -jnp.mean(jnp.take_along_axis(jax.nn.log_softmax(logits), y[:, None], axis=1))
 
-    return Model(f"plain_cnn{layers}x{channels}_b{batch}", loss, params, (images, labels))
+    name = f"plain_cnn{layers}x{channels}_b{batch}" + (f"_pool{'-'.join(map(str, pools))}" if pools else "")
+    return Model(name, loss, params, (images, labels))
 
 
 def _residual_block(p, h):

@@ -664,3 +664,18 @@ def test_within_the_slack_a_plan_without_conds_is_kept_over_a_smaller_cond_gated
     assert search.best_within_slack() is plans[0]  # only a cond-gated plan is within the slack
     search.compiled = [(plans[3], None)]
     assert search.best_within_slack() is None
+
+
+def test_a_vgg_like_cnn_plans_within_the_budget_with_jax_grads():
+    """`models.plain_cnn` with max pools (the conv benchmark's VGG-like net):
+    its pools are entries without arrays among the layers, kept through
+    `jax.checkpoint` segments; a plan keeps the budget (within the slack)
+    and gives `jax.grad`'s gradients."""
+    m = jdtr.models.plain_cnn(layers=4, channels=8, image=16, batch=4, pools=(1,))
+    assert [None if isinstance(p, tuple) else p.shape[-1] for p in m.params["convs"]] == [8, 8, None, 16, 16]
+    reference = jax.grad(m.loss)(m.params, m.batch)
+    segmented = jdtr.models.plain_cnn(layers=4, channels=8, image=16, batch=4, pools=(1,), segment=jax.checkpoint, every=2)
+    assert_trees_close(jax.grad(segmented.loss)(m.params, m.batch), reference, rtol=1e-5, atol=1e-6)
+    plan = jdtr.plan(m.loss, m.params, m.batch, budget=0.8, autotune=False)
+    assert plan.segments and plan.compiled_bytes <= plan.budget_bytes * (1 + SLACK), plan.report()
+    assert_trees_close(jax.jit(plan.grad)(m.params, m.batch), reference, rtol=1e-4, atol=1e-6)
