@@ -54,7 +54,7 @@ def steps(executables, args, repeats: int) -> list[float]:
 def rows(name: str, model, ratios, repeats: int) -> list[str]:
     args = (model.params, model.batch)
     base_exe, base_bytes = compiled(jax.grad(model.loss), args)
-    plans, out = [], []
+    plans, out = [], {}
     for ratio in ratios:
         start = time.perf_counter()
         try:
@@ -62,7 +62,7 @@ def rows(name: str, model, ratios, repeats: int) -> list[str]:
         except jdtr.OutOfBudgetError as err:
             works = err.suggested_budget_bytes
             verified = f"{works / base_bytes:.3f}" if works else "none"
-            out.append(f"| {name} | {ratio} | no plan fits; verified budget {verified} | | | | |")
+            out[ratio] = f"| {name} | {ratio} | no plan fits; verified budget {verified} | | | | |"
             continue
         planning = time.perf_counter() - start
         exe, nbytes = compiled(plan.grad, args)
@@ -70,12 +70,12 @@ def rows(name: str, model, ratios, repeats: int) -> list[str]:
     seconds = steps([base_exe, *(p[2] for p in plans)], args, repeats)
     for (ratio, plan, _, nbytes, planning), s in zip(plans, seconds[1:]):
         depth = max((seg.depth for seg in plan.segments), default=0)
-        out.append(
+        out[ratio] = (
             f"| {name} | {ratio} | {plan.gate}, {len(plan.segments)} segments (depth {depth}) | "
             f"{nbytes / base_bytes:.3f} | {s / seconds[0]:.2f} | {planning:.0f} | "
             f"{base_bytes / 2**20:.1f} MiB, {seconds[0] * 1e3:.1f} ms |"
         )
-    return out
+    return [out[ratio] for ratio in ratios]
 
 
 def main(argv=None):
