@@ -77,6 +77,25 @@ def _conv(x, w):
     return lax.conv_general_dilated(x, w, (1, 1), "SAME", dimension_numbers=("NHWC", "HWIO", "NHWC"))
 
 
+def _conv_init(key, cin: int, cout: int):
+    """A 3x3 kernel, He-initialised."""
+    return jax.random.normal(key, (3, 3, cin, cout), jnp.float32) * jnp.sqrt(2.0 / (9 * cin))
+
+
+def _head_and_batch(keys, width: int, classes: int, batch: int, image: int):
+    """A linear head's weights, then a batch of images and labels, from `keys` in that order."""
+    head = jax.random.normal(next(keys), (width, classes), jnp.float32) / jnp.sqrt(width)
+    images = jax.random.normal(next(keys), (batch, image, image, 3), jnp.float32)
+    labels = jax.random.randint(next(keys), (batch,), 0, classes)
+    return head, (images, labels)
+
+
+def _classify(h, head, y):
+    """Cross-entropy of a linear head on the mean-pooled feature map `h`."""
+    logits = jnp.mean(h, axis=(1, 2)) @ head
+    return -jnp.mean(jnp.take_along_axis(jax.nn.log_softmax(logits), y[:, None], axis=1))
+
+
 def resnet(
     blocks: int = 4,
     channels: int = 16,
@@ -90,33 +109,26 @@ def resnet(
     """A residual CNN with batch norm (batch statistics), ReLU and a linear
     head; `segment` wraps each group of `every` blocks, as in `mlp_chain`."""
     keys = iter(jax.random.split(jax.random.PRNGKey(seed), 4 * blocks + 4))
-
-    def conv_init(cin, cout):
-        return jax.random.normal(next(keys), (3, 3, cin, cout), jnp.float32) * jnp.sqrt(2.0 / (9 * cin))
-
     params = {
-        "stem": conv_init(3, channels),
+        "stem": _conv_init(next(keys), 3, channels),
         "blocks": [
             {
-                "conv1": conv_init(channels, channels),
+                "conv1": _conv_init(next(keys), channels, channels),
                 "bn1": (jnp.ones(channels), jnp.zeros(channels)),
-                "conv2": conv_init(channels, channels),
+                "conv2": _conv_init(next(keys), channels, channels),
                 "bn2": (jnp.ones(channels), jnp.zeros(channels)),
             }
             for _ in range(blocks)
         ],
-        "head": jax.random.normal(next(keys), (channels, classes), jnp.float32) / jnp.sqrt(channels),
     }
-    images = jax.random.normal(next(keys), (batch, image, image, 3), jnp.float32)
-    labels = jax.random.randint(next(keys), (batch,), 0, classes)
+    params["head"], data = _head_and_batch(keys, channels, classes, batch, image)
 
     def loss(params, batch):
         x, y = batch
         h = _apply_layers(_residual_block, params["blocks"], jax.nn.relu(_conv(x, params["stem"])), segment, every)
-        logits = jnp.mean(h, axis=(1, 2)) @ params["head"]
-        return -jnp.mean(jnp.take_along_axis(jax.nn.log_softmax(logits), y[:, None], axis=1))
+        return _classify(h, params["head"], y)
 
-    return Model(f"resnet{blocks}x{channels}_b{batch}", loss, params, (images, labels))
+    return Model(f"resnet{blocks}x{channels}_b{batch}", loss, params, data)
 
 
 def plain_cnn(
@@ -140,18 +152,13 @@ def plain_cnn(
         widths.append(width)
         if i in pools:
             width *= 2
-    kernels = []
-    for i, cout in enumerate(widths):
-        cin = 3 if i == 0 else widths[i - 1]
-        kernels.append(jax.random.normal(next(keys), (3, 3, cin, cout), jnp.float32) * jnp.sqrt(2.0 / (9 * cin)))
-    params = {"convs": kernels, "head": jax.random.normal(next(keys), (widths[-1], classes), jnp.float32) / jnp.sqrt(widths[-1])}
-    images = jax.random.normal(next(keys), (batch, image, image, 3), jnp.float32)
-    labels = jax.random.randint(next(keys), (batch,), 0, classes)
+    kernels = [_conv_init(next(keys), 3 if i == 0 else widths[i - 1], cout) for i, cout in enumerate(widths)]
+    head, data = _head_and_batch(keys, widths[-1], classes, batch, image)
     # A pool is an entry with no arrays in the list of layers, so that it
     # stays a Python value through `segment` (a `jax.checkpoint`).
     for i in sorted(pools, reverse=True):
         kernels.insert(i + 1, ())
-    params["convs"] = kernels
+    params = {"convs": kernels, "head": head}
 
     def layer(p, h):
         if isinstance(p, tuple):
@@ -160,12 +167,10 @@ def plain_cnn(
 
     def loss(params, batch):
         x, y = batch
-        h = _apply_layers(layer, params["convs"], x, segment, every)
-        logits = jnp.mean(h, axis=(1, 2)) @ params["head"]
-        return -jnp.mean(jnp.take_along_axis(jax.nn.log_softmax(logits), y[:, None], axis=1))
+        return _classify(_apply_layers(layer, params["convs"], x, segment, every), params["head"], y)
 
     name = f"plain_cnn{layers}x{channels}_b{batch}" + (f"_pool{'-'.join(map(str, pools))}" if pools else "")
-    return Model(name, loss, params, (images, labels))
+    return Model(name, loss, params, data)
 
 
 def _residual_block(p, h):

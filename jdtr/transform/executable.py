@@ -99,6 +99,19 @@ def primitive_executable(eqn: "_jax_core.JaxprEqn", inputs: Sequence[Any]) -> Ex
     `inputs` are the equation's atoms: program values (passed at call time)
     or `Const`s (closed over, so no device array is made for them per call).
     """
+    subfuns, params = _jax_core.bind_params(eqn)
+    bind = binder(eqn, inputs)
+    build = lambda: lambda *args: bind(args)  # noqa: E731
+    operands = tuple(const_key(a.value) if isinstance(a, Const) else (a.shape, a.dtype, a.weak_type) for a in inputs)
+    return executable(bound_key("prim", eqn, subfuns, params, operands), build, eqn.primitive.multiple_results)
+
+
+def binder(eqn: "_jax_core.JaxprEqn", inputs: Sequence[Any]) -> Callable[[Sequence[Any]], Any]:
+    """A function binding `eqn.primitive` (as `eval_jaxpr` does, inside the
+    equation's context) on the operands that are not `Const`s among
+    `inputs`, the `Const`s' values put in their places. Several results
+    come back as a list: some primitives bind to a sequence of their own,
+    which jit does not take as an output (e.g. shard_map's)."""
     primitive = eqn.primitive
     subfuns, params = _jax_core.bind_params(eqn)
     slots = tuple(None if not isinstance(a, Const) else a.value for a in inputs)
@@ -106,20 +119,14 @@ def primitive_executable(eqn: "_jax_core.JaxprEqn", inputs: Sequence[Any]) -> Ex
     ctx = eqn.ctx
     multiple = primitive.multiple_results
 
-    def build():
-        def fn(*args):
-            it = iter(args)
-            full = [slot if const else next(it) for slot, const in zip(slots, is_const)]
-            with ctx.manager:
-                out = primitive.bind(*subfuns, *full, **params)
-            # (several results as a list: some primitives bind to a sequence of
-            # their own, which jit does not take as an output, e.g. shard_map's)
-            return list(out) if multiple else out
+    def bind(args: Sequence[Any]) -> Any:
+        it = iter(args)
+        full = [slot if const else next(it) for slot, const in zip(slots, is_const)]
+        with ctx.manager:
+            out = primitive.bind(*subfuns, *full, **params)
+        return list(out) if multiple else out
 
-        return fn
-
-    operands = tuple(const_key(a.value) if isinstance(a, Const) else (a.shape, a.dtype, a.weak_type) for a in inputs)
-    return executable(bound_key("prim", eqn, subfuns, params, operands), build, primitive.multiple_results)
+    return bind
 
 
 def bound_key(tag: Hashable, eqn: "_jax_core.JaxprEqn", subfuns: tuple, params: dict, operands: Hashable) -> Hashable:

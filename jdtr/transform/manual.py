@@ -34,7 +34,7 @@ from typing import Any, Sequence
 import jax
 
 from . import _jax_core
-from .executable import Executable, bound_key, const_key, executable
+from .executable import Executable, binder, bound_key, const_key, executable
 from .program import Const
 
 
@@ -115,20 +115,16 @@ class Layout:
 
         `inputs` are its atoms: `Const`s are closed over; the others are
         passed laid out (their leading axis is this device's)."""
-        primitive = eqn.primitive
         subfuns, params = _jax_core.bind_params(eqn)
         literals = tuple(a.value if isinstance(a, Const) else None for a in inputs)
         is_const = tuple(isinstance(a, Const) for a in inputs)
         in_specs = tuple(self.spec(v.aval) for v, c in zip(eqn.invars, is_const) if not c)
         out_specs = [self.spec(v.aval) for v in eqn.outvars]
-        ctx = eqn.ctx
+        bind, multiple = binder(eqn, inputs), eqn.primitive.multiple_results
 
         def per_device(*blocks):
-            it = iter(blocks)
-            full = [literal if const else next(it)[0] for literal, const in zip(literals, is_const)]
-            with ctx.manager:
-                out = primitive.bind(*subfuns, *full, **params)
-            return [o[None] for o in (out if primitive.multiple_results else [out])]
+            out = bind([block[0] for block in blocks])
+            return [o[None] for o in (out if multiple else [out])]
 
         build = lambda: _jax_core.shard_map(per_device, self.mesh, in_specs, out_specs)  # noqa: E731
         operands = (

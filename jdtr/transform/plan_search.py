@@ -177,10 +177,11 @@ class PlanSearch:
                 self.effective_target = planning.scale.shrink(self.effective_target, target, plan.compiled_bytes)
             else:
                 self.effective_target *= target / plan.compiled_bytes * 0.97
-        if self._tainted():
+        tainted = self._tainted()
+        if tainted:
             # No tainted plan fits (where one did, the search returned it):
             # before the slow fallback, the smallest ones nested to the left.
-            nested = self._nested_left()
+            nested = self._nested_left(tainted)
             if nested is not None:
                 return nested
         return fallback
@@ -191,9 +192,9 @@ class PlanSearch:
         plans = [p for p, _ in self.compiled if p.gate != "cond" and gates_differ(forward, p.segments, self.implementation)]
         return sorted(plans, key=lambda p: p.compiled_bytes)
 
-    def _nested_left(self, plans: int = 2) -> Optional[Plan]:
+    def _nested_left(self, tainted: list[Plan], plans: int = 2) -> Optional[Plan]:
         """Leaves nested to the left (`segments.nested_left`): those of the
-        smallest tainted plans (at most `plans` of them), then
+        smallest `tainted` plans (at most `plans` of them), then
         `LEFT_NESTED_MAX` uniform ones; of each, the group size that
         recomputes least among those that fit. None if none fits.
 
@@ -207,7 +208,6 @@ class PlanSearch:
         Larger groups keep less and recompute more, so the sizes are
         bisected: the largest first (if it does not fit, none is tried)."""
         planning = self.planning
-        tainted = self._tainted()
         sources = tainted
         if not planning.kept_scans:  # (uniform segments would cut through a kept scan's neighbours alone)
             leaves = uniform_leaves(planning.forward, planning.residuals, LEFT_NESTED_MAX)
