@@ -1020,8 +1020,10 @@ def smallest_budget(fun: Callable, args: tuple, expected: Any, *, argnums: Any, 
 
     def fits(nbytes: int) -> bool:
         try:
+            # Step by step: the boundary is the plan's, and compiling chunks at
+            # every budget probed (a structure seen before) would be most of the time.
             f = jdtr.value_and_grad(fun, argnums, has_aux, budget=nbytes, heuristic=heuristic, dealloc=dealloc,
-                                    cost_model=cost_model)
+                                    cost_model=cost_model, chunks="never")
             got = f(*args, **(kwargs or {}))
         except jdtr.OutOfBudgetError:
             return False

@@ -239,12 +239,16 @@ def per_device_bytes(arrays: Iterable[Any]) -> int:
     shard twice."""
     arrays = list(arrays)
     totals: dict[Any, int] = defaultdict(int)
+    sharded = False
     for a in arrays:
         nbytes = device_bytes(a)
-        for device in a.sharding.device_set:
+        devices = a.sharding.device_set
+        sharded = sharded or len(devices) > 1
+        for device in devices:
             totals[device] += nbytes
-    for view in _shard_views(arrays):
-        totals[next(iter(view.sharding.device_set))] -= device_bytes(view)
+    if sharded:  # (only a sharded array has shard views; `debug` checks at every step)
+        for view in _shard_views(arrays):
+            totals[next(iter(view.sharding.device_set))] -= device_bytes(view)
     return max(totals.values(), default=0)
 
 
