@@ -21,7 +21,7 @@ from __future__ import annotations
 import gc
 import os
 import warnings
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Callable, Optional
 
 import jax
