@@ -61,6 +61,15 @@ def steps(executables, args, repeats: int) -> list[float]:
     return [statistics.median(t) for t in times]
 
 
+def _layer(w, h):
+    """One layer of `models.plain_cnn`: a 3x3 convolution and ReLU."""
+    return jax.nn.relu(lax.conv_general_dilated(h, w, (1, 1), "SAME", dimension_numbers=("NHWC", "HWIO", "NHWC")))
+
+
+def _layer_backward(w, h, g):
+    return jax.vjp(_layer, w, h)[1](g)
+
+
 def layer_floor(model) -> Optional[int]:
     """The bytes any fast-path plan of a `models.plain_cnn` holds at least
     (the module docstring's "layer floor"); None for other models."""
@@ -75,16 +84,9 @@ def layer_floor(model) -> Optional[int]:
             image //= 2
             continue
         cin, cout = kernel.shape[2], kernel.shape[3]
-
-        def layer(w, h):
-            return jax.nn.relu(lax.conv_general_dilated(h, w, (1, 1), "SAME", dimension_numbers=("NHWC", "HWIO", "NHWC")))
-
-        def backward(w, h, g):
-            return jax.vjp(layer, w, h)[1](g)
-
         h = jax.ShapeDtypeStruct((batch, image, image, cin), jnp.float32)
         g = jax.ShapeDtypeStruct((batch, image, image, cout), jnp.float32)
-        worst = max(worst, compiled(backward, (kernel, h, g))[1])
+        worst = max(worst, compiled(_layer_backward, (kernel, h, g))[1])
     leaves = jax.tree_util.tree_leaves(model.params)
     fixed = 2 * sum(a.nbytes for a in leaves) + sum(a.nbytes for a in jax.tree_util.tree_leaves(model.batch))
     return fixed + worst

@@ -100,8 +100,11 @@ def primitive_executable(eqn: "_jax_core.JaxprEqn", inputs: Sequence[Any]) -> Ex
     or `Const`s (closed over, so no device array is made for them per call).
     """
     subfuns, params = _jax_core.bind_params(eqn)
-    bind = binder(eqn, inputs)
-    build = lambda: lambda *args: bind(args)  # noqa: E731
+
+    def build():  # on a cache miss only: a hit needs the key alone
+        bind = binder(eqn, inputs)
+        return lambda *args: bind(args)
+
     operands = tuple(const_key(a.value) if isinstance(a, Const) else (a.shape, a.dtype, a.weak_type) for a in inputs)
     return executable(bound_key("prim", eqn, subfuns, params, operands), build, eqn.primitive.multiple_results)
 

@@ -120,13 +120,17 @@ class Layout:
         is_const = tuple(isinstance(a, Const) for a in inputs)
         in_specs = tuple(self.spec(v.aval) for v, c in zip(eqn.invars, is_const) if not c)
         out_specs = [self.spec(v.aval) for v in eqn.outvars]
-        bind, multiple = binder(eqn, inputs), eqn.primitive.multiple_results
+        multiple = eqn.primitive.multiple_results
 
-        def per_device(*blocks):
-            out = bind([block[0] for block in blocks])
-            return [o[None] for o in (out if multiple else [out])]
+        def build():  # on a cache miss only: a hit needs the key alone
+            bind = binder(eqn, inputs)
 
-        build = lambda: _jax_core.shard_map(per_device, self.mesh, in_specs, out_specs)  # noqa: E731
+            def per_device(*blocks):
+                out = bind([block[0] for block in blocks])
+                return [o[None] for o in (out if multiple else [out])]
+
+            return _jax_core.shard_map(per_device, self.mesh, in_specs, out_specs)
+
         operands = (
             self.mesh,
             tuple(const_key(a) if c else None for a, c in zip(literals, is_const)),
