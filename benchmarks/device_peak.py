@@ -15,9 +15,16 @@ share a persistent compilation cache: the first compiles (and is
 discarded), the second loads the compiled executables and is measured —
 the steady state of a training loop.
 
-- `jdtr.grad` (eager): the step under the budget. jdtr counts its buffers
-  and XLA's temporaries; the allocator's peak also shows its rounding of
-  buffers up to blocks, which jdtr reads back where the device reports it.
+- `jdtr.grad`: three calls (`--calls`), as a training loop's first steps:
+  the first plans and runs step by step, the second compiles the plan's
+  chunks, the third runs them (the steady state). Each call's own reading
+  of the allocator (`Stats.allocator_peak_bytes`, a plan's first runs) is
+  reported too: with more calls, whether the margin it learns keeps the
+  budget (`transform/allocator.py`). jdtr counts its buffers and XLA's
+  temporaries (a chunk's from its `memory_analysis()`); the allocator's peak
+  also shows its rounding of buffers up to blocks, which jdtr reads back
+  where the device reports it. The peak of the first call and of all three
+  are reported.
 - `jdtr.remat_grad`, `autotune=False`: planning only compiles, so the peak
   is the step's own (plus the arguments, which the budget includes).
 - `jdtr.remat_grad`, default (autotuned): planning also runs every
@@ -85,32 +92,46 @@ def measure_remat(model: str, ratio: float | None, autotune: bool) -> dict:
     return {"peak": stats["peak_bytes_in_use"] - before, "arguments": arguments, "budget": budget, "xla": xla}
 
 
-def measure_eager(model: str, ratio: float | None, heuristic: str, plain: bool = False) -> dict:
-    """One `jdtr.grad` step (or eager `jax.grad` for ratio None) in this process.
+def measure_eager(model: str, ratio: float | None, heuristic: str, variant: str = "") -> dict:
+    """Three `jdtr.grad` steps (or one of eager `jax.grad` for ratio None) in this process.
 
-    `plain`: jdtr as it was before it reserved XLA's workspaces and read the
-    allocator's own count (the *before* rows)."""
+    `variant` (`--variants`, to find where the allocator's bytes go): "serial"
+    waits for each dispatch before the next (frees then land after the
+    operations that read them); "online" runs the paper's algorithm, which
+    also evicts by the allocator's own count."""
     import jax
 
     import jdtr
 
-    if plain:
-        import jdtr.transform.gradients as grad
+    mode = {}
+    if variant == "serial":
+        import jdtr.transform.gradients as gradients
 
-        grad.assign_workspaces = lambda program: None
-        grad._device_bytes = lambda inputs, held: None
+        gradients.serial_dispatch = lambda program: True
+    elif variant == "online":
+        mode = {"mode": "online"}
 
     m, params, batch, device, before = _model(EAGER_MODELS, model)
     arguments = device.memory_stats()["bytes_in_use"] - before
-    result = {"arguments": arguments, "budget": None, "accounted": None, "error": None}
+    result = {"arguments": arguments, "budget": None, "accounted": None, "error": None, "first": None}
     try:
         if ratio is None:
             grads = jax.grad(m.loss)(params, batch)
         else:
-            grads, stats = jdtr.grad(m.loss, budget=ratio, heuristic=heuristic, return_stats=True)(params, batch)
-            result.update(budget=stats.budget_bytes, accounted=stats.peak_bytes, evictions=stats.evictions,
-                          remats=stats.rematerializations, overhead=stats.overhead)
-        jax.block_until_ready(grads)
+            kwargs = ({} if heuristic == "default" else {"heuristic": heuristic}) | mode
+            step = jdtr.grad(m.loss, budget=ratio, return_stats=True, **kwargs)
+            read = []  # what jdtr read of the allocator, per call (None: not read)
+            for call in range(CALLS):  # plans and runs step by step; compiles the chunks; runs them; ...
+                grads, stats = step(params, batch)
+                jax.block_until_ready(grads)
+                read.append(stats.allocator_peak_bytes)
+                if call == 0:
+                    result["first"] = device.memory_stats()["peak_bytes_in_use"] - before
+                    result.update(evictions=stats.evictions, steps=stats.chunks, heuristic=stats.heuristic)
+                if call < CALLS - 1:
+                    del grads
+            result["read"] = read
+            result.update(budget=stats.budget_bytes, accounted=stats.peak_bytes, chunks=stats.chunks)
         outputs = sum(x.nbytes for x in jax.tree_util.tree_leaves(grads))
         del grads
     except jdtr.OutOfBudgetError as err:
@@ -124,11 +145,12 @@ def measure_eager(model: str, ratio: float | None, heuristic: str, plain: bool =
 
 
 JOBS = 1  # measurements run side by side (`--jobs`)
+CALLS = 3  # jdtr.grad calls per process (`--calls`)
 
 
 def run_child(*child: str, cache: str) -> dict:
     """Runs one measurement twice in fresh processes; returns the second (compiled executables from the cache)."""
-    command = [sys.executable, __file__, "--child", *child]
+    command = [sys.executable, __file__, "--calls", str(CALLS), "--child", *child]
     env = {**os.environ, "JDTR_DEVICE_PEAK_CACHE": cache}
     if JOBS > 1:
         # Processes side by side cannot each take 75% of the device up front;
@@ -155,40 +177,44 @@ def child_main(kind: str, model: str, ratio: str, option: str) -> None:
         print(json.dumps(measure_remat(model, r, option == "True")))
     else:
         heuristic, _, variant = option.partition("+")
-        print(json.dumps(measure_eager(model, r, heuristic, plain=variant == "plain")))
+        print(json.dumps(measure_eager(model, r, heuristic, variant)))
 
 
 MIB = 2**20
 
 
-def eager_table(ratios, heuristic, cache, before=False) -> list[str]:
+def eager_table(ratios, heuristic, cache, variants=("planned",), models=None) -> list[str]:
     lines = [
-        f"**jdtr.grad** (eager, heuristic `{heuristic}`): peak = allocator peak above what the process held before the "
-        "arguments; jdtr = the runtime's own peak count; left = bytes still in use after the gradients are dropped, "
-        "besides the arguments (a leak if not 0)."
-        + (" Rows marked *before* run jdtr as it was before it reserved XLA's workspaces and evicted by the "
-           "allocator's own count." if before else ""), "",
-        "| model | budget | budget MiB | jdtr MiB | peak MiB | peak / budget | evictions | left |",
-        "|---|---|---|---|---|---|---|---|",
+        f"**jdtr.grad** (heuristic `{heuristic}`, three calls: planned and run step by step, chunks compiled, chunks "
+        "run): peak = allocator peak above what the process held before the arguments, after the first call and after "
+        "all three; jdtr = the runtime's own peak count (the third call's); steps = dispatches of the first call / of "
+        "the compiled third; left = bytes still in use after the gradients are dropped, besides the arguments (a leak "
+        "if not 0)."
+        + (" Variants: *serial* waits for each dispatch before the next; *online* is `mode=\"online\"`, which "
+           "also evicts by the allocator's count." if variants != ("planned",) else ""), "",
+        "| model | budget | budget MiB | jdtr MiB | first call's peak MiB | peak MiB | first / budget | peak / budget | heuristic | steps | left | read by jdtr / budget, per call |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
-    variants = ["", "+plain"] if before else [""]
-    jobs = [(model, None, "") for model in EAGER_MODELS]
-    jobs += [(model, ratio, v) for model in EAGER_MODELS for ratio in ratios for v in variants]
-    results = _run_all([("eager", model, str(ratio), heuristic + v) for model, ratio, v in jobs], cache)
+    chosen = [m for m in EAGER_MODELS if not models or any(all(w in m for w in spec.split("+")) for spec in models)]
+    jobs = [(model, None, "") for model in chosen]
+    jobs += [(model, ratio, v) for model in chosen for ratio in ratios for v in variants]
+    results = _run_all([("eager", model, str(ratio), f"{heuristic}+{v}") for model, ratio, v in jobs], cache)
     rows: dict = {}
-    for (model, ratio, variant), r in zip(jobs, results):
-        label = f"{ratio}" + (" *before*" if variant else "")
+    for (model, r_, variant), r in zip(jobs, results):
+        ratio = f"{r_} *{variant}*" if variant not in ("", "planned") else r_
         if ratio is None:
-            row = f"| {model} | eager jax.grad |  |  | {r['peak'] / MIB:.1f} |  |  | {r['left']} |"
+            row = f"| {model} | eager jax.grad |  |  |  | {r['peak'] / MIB:.1f} |  |  |  |  | {r['left']} | |"
         elif r["error"]:
-            row = f"| {model} | {label} | out of budget |  | {r['peak'] / MIB:.1f} |  |  | {r['left']} |"
+            row = f"| {model} | {ratio} | out of budget |  |  | {r['peak'] / MIB:.1f} |  |  |  |  | {r['left']} | |"
         else:
+            read = ", ".join("-" if x is None else f"{x / r['budget']:.3f}" for x in r.get("read", ()))
             row = (
-                f"| {model} | {label} | {r['budget'] / MIB:.1f} | {r['accounted'] / MIB:.1f} | {r['peak'] / MIB:.1f} | "
-                f"{r['peak'] / r['budget']:.3f} | {r['evictions']} | {r['left']} |"
+                f"| {model} | {ratio} | {r['budget'] / MIB:.1f} | {r['accounted'] / MIB:.1f} | {r['first'] / MIB:.1f} | "
+                f"{r['peak'] / MIB:.1f} | {r['first'] / r['budget']:.3f} | {r['peak'] / r['budget']:.3f} | {r['heuristic']} | {r['steps']} / {r['chunks']} "
+                f"| {r['left']} | {read} |"
             )
         rows.setdefault(model, []).append(row)
-    for model in EAGER_MODELS:
+    for model in chosen:
         lines += rows[model]
     return lines
 
@@ -230,15 +256,17 @@ def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--ratios", type=float, nargs="+", default=[0.7, 0.5, 0.35], help="remat_grad budgets")
     parser.add_argument("--eager-ratios", type=float, nargs="+", default=[1.0, 0.5, 0.3], help="jdtr.grad budgets")
-    parser.add_argument("--heuristic", default="lookahead", help="jdtr.grad's heuristic")
+    parser.add_argument("--heuristic", default="default", help="jdtr.grad's heuristic (default: its own default)")
     parser.add_argument("--only", choices=["eager", "remat"], help="one of the two tables")
     parser.add_argument("--jobs", type=int, default=1, help="measurements side by side (each process preallocates its share of the device)")
-    parser.add_argument("--before", action="store_true", help="also run jdtr.grad as before it reserved workspaces and read the allocator")
+    parser.add_argument("--variants", nargs="+", default=["planned"], help="how jdtr.grad runs: planned (as is), serial, online")
+    parser.add_argument("--models", nargs="+", help="jdtr.grad's models whose name contains every word of one of these (words joined by +)")
+    parser.add_argument("--calls", type=int, default=3, help="jdtr.grad calls per process (at least 3)")
     parser.add_argument("--output")
     parser.add_argument("--child", nargs=4, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
-    global JOBS
-    JOBS = max(1, args.jobs)
+    global JOBS, CALLS
+    JOBS, CALLS = max(1, args.jobs), max(3, args.calls)
     if args.child:
         child_main(*args.child)
         return 0
@@ -260,7 +288,7 @@ def main(argv=None):
     ]
     with tempfile.TemporaryDirectory() as cache:
         if args.only != "remat":
-            lines += eager_table(args.eager_ratios, args.heuristic, cache, args.before) + [""]
+            lines += eager_table(args.eager_ratios, args.heuristic, cache, tuple(args.variants), args.models) + [""]
         if args.only != "eager":
             lines += remat_table(args.ratios, cache) + [""]
     text = "\n".join(lines)

@@ -61,7 +61,7 @@ def run(key: str, ratios, repeats: int) -> list[str]:
         grads = exe(*args)
         error = max(float(jnp.max(jnp.abs(a - b))) for a, b in zip(jax.tree_util.tree_leaves(grads), jax.tree_util.tree_leaves(reference)))
         exes[ratio] = exe
-        strategy = "; ".join(k.strategy.describe(k.equation.scan["length"]) for k in plan.scans) or "(no kept scan)"
+        strategy = "; ".join(k.strategy.describe(k.equation.scan.length) for k in plan.scans) or "(no kept scan)"
         rows.append((ratio, (plan, nbytes, seconds, error, strategy), None))
     times = {label: [] for label in exes}
     for exe in exes.values():

@@ -48,6 +48,11 @@ class Stats:
         (its recomputation counts in `remat_cost`), or "unrolled".
       devices: the devices the run is placed on: 1, or on arguments
         sharded over a mesh, the mesh's (the byte counts are per device).
+      allocator_peak_bytes: on a device whose allocator reports its use (a
+        GPU, a TPU), the most it held for a plan's first run step by step
+        and its first run as chunks (arguments and constants included);
+        None where it was not read. Over `budget_bytes`, later calls plan
+        for less (`jdtr.AllocatorWarning`).
     """
 
     budget_bytes: int
@@ -73,6 +78,7 @@ class Stats:
     scans: Optional[str] = None
     timeline: Optional[tuple[TimelineEvent, ...]] = field(default=None, repr=False)
     devices: int = 1
+    allocator_peak_bytes: Optional[int] = None
 
     def summary(self) -> str:
         where = f" per device ({self.devices} devices)" if self.devices > 1 else ""

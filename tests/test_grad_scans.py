@@ -120,7 +120,9 @@ def test_a_loss_on_the_last_carry_holds_no_stacked_outputs():
         h, _ = lax.scan(cell, jnp.zeros((xs.shape[1], params["u"].shape[0])), xs)
         return jnp.mean(h**2)
 
-    step = jdtr.grad(last_carry, budget=0.5, return_stats=True, debug=True)
+    # 0.55: on JAX 0.11's program (whose tanh keeps `one_minus_square` of its output per step) the
+    # nested strategy needs 0.51 of the peak; on 0.10's it fits 0.5.
+    step = jdtr.grad(last_carry, budget=0.55, return_stats=True, debug=True)
     grads, stats = step(params, xs)
     assert_grads(grads, jax.grad(last_carry)(params, xs))
     assert stats.scans.startswith("kept whole"), stats.scans

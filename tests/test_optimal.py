@@ -18,6 +18,7 @@ import random
 import re
 import subprocess
 import sys
+from pathlib import Path
 
 import jax.numpy as jnp
 import numpy as np
@@ -418,8 +419,9 @@ def test_the_milp_proves_what_refinement_leaves_open_on_an_rnn_trace():
     refinement finds neither a schedule nor a proof, where the MILP, memory
     rows added as needed, proves in seconds that no stage schedule fits, as
     the full model does, and no heuristic fits either."""
-    model = models.rnn(2, 32, 8, 64)
-    trace = jdtr.trace(model.loss, model.params, model.batch)
+    # Its log as JAX 0.10 traced it (`jdtr.trace(model.loss, ...).to_log`): the
+    # figures below are this program's, and another JAX makes another one.
+    trace = Trace.from_log(Path(__file__).parent / "data" / "rnn-2x32.log")
     graph = checkmate_graph(trace.program)
     assert len(graph) == 60 and graph.milp_binaries() <= MILP_MAX_BINARIES
     best = jdtr.optimal(trace, 0.6)

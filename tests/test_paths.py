@@ -23,6 +23,7 @@ import numpy as np
 import pytest
 
 import jdtr
+from budgets import biting
 from jdtr import models
 from jdtr.transform import paths as paths_module
 from jdtr.transform.paths import _check_same_before
@@ -221,7 +222,8 @@ def test_a_path_whose_plan_does_not_fit_runs_online_where_that_fits():
     guess) fits; the path run (blocks mostly run) does not by that plan's
     heuristic, and runs online, deciding as it goes, to jax.grad's values."""
     model = models.gated_mlp(blocks=6, width=32, batch=64)
-    f = jdtr.grad(lambda *args: model.loss(*args), budget=0.35, return_stats=True)
+    budget = biting(model.loss, (model.params, model.batch), 0.35, mode="online")
+    f = jdtr.grad(lambda *args: model.loss(*args), budget=budget, return_stats=True)
     expected = jax.grad(model.loss)(model.params, model.batch)
     for _ in range(2):
         grads, stats = f(model.params, model.batch)

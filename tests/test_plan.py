@@ -41,6 +41,22 @@ def compiled_total(fn, *args, **jit_options):
     return a.argument_size_in_bytes + a.output_size_in_bytes + a.temp_size_in_bytes - a.alias_size_in_bytes
 
 
+@functools.lru_cache(maxsize=None)
+def xla_strips_checkpoint_barriers() -> bool:
+    """Whether this XLA merges `jax.checkpoint`'s recomputation away (its
+    `cse_barrier_expander` pass; JAX 0.10's XLA does on the CPU, 0.11's
+    keeps the saving): the premise of protected segments and taints."""
+    w, x = jnp.ones((64, 64)) / 8, jnp.ones((1024, 64))
+
+    def loss(w, x):
+        for _ in range(8):
+            x = jax.checkpoint(lambda h: jnp.tanh(h @ w), policy=jax.checkpoint_policies.nothing_saveable)(x)
+        return jnp.sum(x**2)
+
+    kept = compiled_total(jax.grad(loss), w, x, compiler_options={"xla_disable_hlo_passes": "cse_barrier_expander"})
+    return compiled_total(jax.grad(loss), w, x) > kept
+
+
 MODELS = {
     "mlp": lambda: models.mlp_chain(layers=64, width=64, batch=1024),
     "transformer": lambda: models.transformer(blocks=4, dim=32, heads=2, seq=64, batch=8, vocab=64),
@@ -370,10 +386,12 @@ def test_policy_warns_where_signatures_cannot_mean_the_plan():
         return compiled_total(jax.grad(jax.checkpoint(loss, policy=policy)), params, x, compiler_options=no_cse)
 
     plan = jdtr.plan(loss, params, x, budget=0.5, autotune=False)
-    with pytest.warns(jdtr.PolicyWarning, match=r"tanh of float32\[4096, 256\]: \d+ of 16") as caught:
+    # The signature whose values the plan saves only some of: the tanh outputs on JAX 0.10's
+    # program, the matmuls that make them on 0.11's (measured on JAX 0.11.2).
+    with pytest.warns(jdtr.PolicyWarning, match=r"(tanh|dot_general) of float32\[4096, 256\][^:]*: \d+ of 1[56]") as caught:
         policy = plan.policy
-    k, n = caught[0].message.mixed[("tanh", (((4096, 256), "float32"),))]
-    assert 0 < k < n == 16
+    mixed = caught[0].message.mixed
+    assert mixed and all(0 < k < n <= 16 for k, n in mixed.values())
     assert compiled_bytes(policy) > 1.3 * plan.compiled_bytes  # what the warning says
     whole = jdtr.plan(loss, params, x, budget=1.0)
     with warnings.catch_warnings():
@@ -444,6 +462,8 @@ def test_protected_segments_survive_xla_cse_on_cpu():
     if jax.default_backend() != "cpu":
         pytest.skip("XLA strips checkpoint barriers only on the CPU")
     assert protected.compiled_bytes <= protected.budget_bytes * (1 + SLACK)
+    if not xla_strips_checkpoint_barriers():
+        pytest.skip("this XLA keeps jax.checkpoint's barriers on the CPU (JAX 0.11's does)")
     assert plain_bytes > protected.budget_bytes * (1 + SLACK)
     # Asked for plain checkpoints on the CPU, the planner cannot meet the
     # budget and says why instead of returning an oversized step.
@@ -486,8 +506,9 @@ def test_convolution_segments_are_gated_without_a_cond_and_keep_their_saving():
     tainted, conds = dataclasses.replace(plan, gate="auto"), dataclasses.replace(plan, gate="cond")
     assert "convolution(" in compiled(tainted).as_text() and convolutions_in_branches(compiled(tainted)) == 0
     assert convolutions_in_branches(compiled(conds)) > 0
-    plain = compiled_total(as_implementation(plan, "checkpoint").grad, m.params, m.batch)  # barriers stripped
-    assert compiled_total(tainted.grad, m.params, m.batch) < 0.95 * plain  # (a small net: a few activations saved)
+    if xla_strips_checkpoint_barriers():  # then plain checkpoints lose the saving a taint keeps
+        plain = compiled_total(as_implementation(plan, "checkpoint").grad, m.params, m.batch)
+        assert compiled_total(tainted.grad, m.params, m.batch) < 0.95 * plain  # (a small net: a few activations saved)
     for p in (tainted, conds):
         assert_trees_close(jax.jit(p.grad)(m.params, m.batch), reference, rtol=1e-4, atol=1e-6)
 
@@ -521,9 +542,12 @@ def test_the_inputs_gate_keeps_xla_from_holding_a_transposed_copy_of_each_saved_
     plan = jdtr.plan(loss, ws, x, budget=0.7, autotune=False)
     if jax.default_backend() != "cpu":
         pytest.skip("segments are gated only on the CPU")
-    assert plan.gate == "inputs" and plan.compiled_bytes <= plan.budget_bytes, plan.report()
+    assert plan.compiled_bytes <= plan.budget_bytes, plan.report()
     taint_only = compiled_total(dataclasses.replace(plan, gate="auto").grad, ws, x)
-    assert plan.compiled_bytes < taint_only - 0.1 * full
+    if taint_only <= plan.budget_bytes:  # this XLA holds no such copies (JAX 0.11's): the taint alone is kept
+        assert plan.gate == "auto", plan.report()
+    else:
+        assert plan.gate == "inputs" and plan.compiled_bytes < taint_only - 0.1 * full, plan.report()
     assert_trees_close(jax.jit(plan.grad)(ws, x), jax.grad(loss)(ws, x), rtol=1e-4, atol=1e-6)
 
 def test_convolution_plans_nest_to_the_left_before_falling_back_to_conds():
@@ -539,9 +563,10 @@ def test_convolution_plans_nest_to_the_left_before_falling_back_to_conds():
         pytest.skip("segments are gated only on the CPU")
     assert plan.gate == "auto" and plan.compiled_bytes <= plan.budget_bytes, plan.report()
     nested = [seg for seg in plan.segments if seg.children]
-    assert nested and all(not seg.children[-1].children for seg in nested)  # the last child of a group is a leaf
+    assert all(not seg.children[-1].children for seg in nested)  # the last child of a group is a leaf
     flat = dataclasses.replace(plan, segments=tuple(leaf for seg in plan.segments for leaf in seg.leaves()))
-    assert compiled_total(flat.grad, m.params, m.batch) > plan.budget_bytes
+    # Nested where the same segments laid out flat do not fit (on JAX 0.10's XLA; 0.11's fits them flat).
+    assert bool(nested) == (compiled_total(flat.grad, m.params, m.batch) > plan.budget_bytes), plan.report()
     reference = jax.grad(m.loss)(m.params, m.batch)
     assert_trees_close(jax.jit(plan.grad)(m.params, m.batch), reference, rtol=1e-4, atol=1e-6)
 

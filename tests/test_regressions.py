@@ -300,8 +300,8 @@ def test_budget_one_fits_when_a_constant_is_last_read_before_the_peak(mode):
 @pytest.mark.parametrize(
     "budget, expected",
     [
-        (np.float32(0.96875), jdtr.Budget(fraction=0.96875)),
-        (jnp.float32(0.96875), jdtr.Budget(fraction=0.96875)),
+        (np.float32(0.875), jdtr.Budget(fraction=0.875)),  # exact in float32; fits JAX 0.10's and 0.11's programs
+        (jnp.float32(0.875), jdtr.Budget(fraction=0.875)),
         (np.int64(2**20), jdtr.Budget(nbytes=2**20)),
         (jnp.int32(2**20), jdtr.Budget(nbytes=2**20)),
         (np.float64(1.0), jdtr.Budget(fraction=1.0)),
@@ -310,7 +310,8 @@ def test_budget_one_fits_when_a_constant_is_last_read_before_the_peak(mode):
 def test_budgets_given_as_numpy_or_jax_scalars_are_their_python_values(budget, expected):
     """Issue 23, item 3: np.float32(0.5) was refused, jnp.float32(0.5) failed in `__index__`."""
     assert jdtr.parse_budget(budget) == expected
-    model = models.mlp_chain(layers=4, width=16, batch=8)
+    # Activations over parameters, so that 0.875 of the peak leaves room to evict on any JAX's program.
+    model = models.mlp_chain(layers=8, width=16, batch=64)
     grads, stats = jdtr.grad(model.loss, budget=budget, return_stats=True)(model.params, model.batch)
     assert stats.budget_bytes == expected.resolve(stats.unconstrained_peak_bytes) and stats.peak_bytes <= stats.budget_bytes
 

@@ -25,6 +25,7 @@ from .gradients import grad as grad
 from .gradients import value_and_grad as value_and_grad
 from .normalize import normalize as normalize
 from .checkpoint_plan import Plan as Plan
+from .allocator import AllocatorWarning as AllocatorWarning
 from .checkpoint_plan import PolicyWarning as PolicyWarning
 from .gradients import trace as trace
 from .program import Program as Program
@@ -39,6 +40,7 @@ __all__ = [
     "OpInfo",
     "Plan",
     "PolicyWarning",
+    "AllocatorWarning",
     "Program",
     "RooflineCostModel",
     "SavePolicy",

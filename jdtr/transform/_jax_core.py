@@ -7,6 +7,7 @@ Public names come from `jax.extend.core`; the few things it does not expose
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import math
 from typing import Any, Iterable, Optional
 
@@ -30,6 +31,7 @@ CALL_PRIMITIVES = {
     "jit": "jaxpr",
     "pjit": "jaxpr",
     "closed_call": "call_jaxpr",
+    "eval_jaxpr": "call_jaxpr",  # JAX 0.11's call primitive (`closed_call` is its alias there)
     "core_call": "call_jaxpr",
     "custom_jvp_call": "call_jaxpr",
     "custom_vjp_call": "call_jaxpr",
@@ -108,6 +110,42 @@ def jaxpr_function(closed: ClosedJaxpr):
     except ImportError:  # pragma: no cover - older JAX
         from jax.core import jaxpr_as_fun
     return jaxpr_as_fun(closed)
+
+
+@dataclasses.dataclass(frozen=True)
+class ScanLayout:
+    """A `scan` equation's parameters as jdtr reads them. Its operands are
+    `num_consts` loop invariants, `num_carry` carries and the scanned-over
+    inputs; its outputs, the final carries and the stacked per-iteration
+    outputs; `body` maps (consts, carry, one row of each xs) to (carry, ys)."""
+
+    length: int
+    reverse: bool
+    num_consts: int
+    num_carry: int
+    body: ClosedJaxpr
+
+
+def scan_layout(params: dict) -> Optional[ScanLayout]:
+    """The layout of a `scan` equation's `params`, or None where this JAX
+    spells it in a way jdtr does not know (jdtr then runs the scan as one
+    operator, as it runs any primitive). JAX 0.10 and earlier count the
+    constants and carries (`num_consts`, `num_carry`); JAX 0.11 groups the
+    operands in `ft_in`, a tree of (consts, carry, xs), whose body is a
+    jaxpr that may carry its constants itself (`Jaxpr` and `ClosedJaxpr`
+    are one class there)."""
+    try:
+        length, reverse, body = params["length"], params["reverse"], params["jaxpr"]
+        if "num_consts" in params:
+            num_consts, num_carry = params["num_consts"], params["num_carry"]
+        else:
+            consts, carry, _ = params["ft_in"].unpack()
+            num_consts, num_carry = len(consts), len(carry)
+    except (KeyError, AttributeError, TypeError, ValueError):
+        return None
+    if not isinstance(body, ClosedJaxpr):  # an open body without constants
+        body = ClosedJaxpr(body, [])
+    return ScanLayout(int(length), bool(reverse), int(num_consts), int(num_carry), body)
 
 
 def bind_params(eqn: JaxprEqn) -> tuple[tuple[Any, ...], dict[str, Any]]:

@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Hashable, Iterator, Optional
 
 from . import chunks
+from .allocator import Margins
 from .planner import PlannedRun
 from .program import Equation, Program
 
@@ -53,6 +54,8 @@ class Traced:
     # With `shard_map`s whose bodies can be inlined: the program with them
     # inlined (`manual.py`), made when a plan needs it (`inlined`).
     make_inlined: Optional[Callable[[], Program]] = field(default=None, repr=False)
+    # What its plans keep below each budget for the device's allocator (`allocator.py`).
+    margins: Margins = field(default_factory=Margins, repr=False)
     _inlined: Optional[Program] = field(default=None, repr=False)
 
     def inlined(self) -> Optional[Program]:

@@ -120,6 +120,9 @@ class Plan:
         names = frozenset(NAME_PREFIX + str(v.id) for s in self.segments for leaf in s.leaves() for v in leaf.saved)
         kept = {k.position: k for k in self.scans}
         saved, recomputed = collections.Counter(), collections.Counter()
+        # A value the backward pass does not read is neither: no policy is asked about it
+        # (JAX 0.11's tanh, say, whose gradient reads `one_minus_square` of its output).
+        recomputing = {v for s in self.segments for seg in (s, *s.leaves()) for v in seg.recomputed}
         nested = []
         for position, item in enumerate(self.program.body):
             if not (isinstance(item, Equation) and item.outputs):
@@ -133,7 +136,10 @@ class Plan:
                     nested.append(scan.describe())
                 continue
             sig = signature(item.name, item.args)
-            (saved if any(v in self.saved for v in item.outputs) else recomputed)[sig] += 1
+            if any(v in self.saved for v in item.outputs):
+                saved[sig] += 1
+            elif any(v in recomputing for v in item.outputs):
+                recomputed[sig] += 1
         mixed = {sig: (saved[sig], saved[sig] + recomputed[sig]) for sig in saved if recomputed[sig]}
         if mixed or nested:
             warnings.warn(PolicyWarning(mixed, tuple(nested)), stacklevel=3)  # the caller, past cached_property

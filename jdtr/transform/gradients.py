@@ -64,7 +64,8 @@ from . import _jax_core
 from .costs import MEASURED, NANOSECOND, CostModel, MeasuredCosts, check_cost_model
 from .arguments import Static, argnums_tuple, flatten_arguments
 from .executor import Execution, chunks_for, serial_dispatch
-from .interpreter import Interpreter, JaxBackend, LiveArrayCheck, allocator_bytes
+from .allocator import AllocatorGuard, allocator_bytes
+from .interpreter import Interpreter, JaxBackend, LiveArrayCheck
 from .lowering import recording, simulation
 from .caches import Traced, trace_cache
 from .scan_variants import first_plan
@@ -236,9 +237,18 @@ class _ValueAndGrad:
     def _planned(self, traced: Traced, budget_bytes: int, inputs: list, owned: list, check):
         """Runs the cached plan for this budget (made first if there is none)."""
         program = traced.program
-        key = (budget_bytes, self.heuristic if isinstance(self.heuristic, str) else id(self.heuristic), self.dealloc, tuple(owned))
+        options = (self.heuristic if isinstance(self.heuristic, str) else id(self.heuristic), self.dealloc, tuple(owned))
+        guard = AllocatorGuard(traced.margins, (budget_bytes, *options), budget_bytes)
         path = () if branching(program) else None  # a cond on data: planned per path (paths.py)
-        plan, planned_before = traced.plan(key, lambda: first_plan(traced, budget_bytes, self.heuristic, self.dealloc, owned, path))
+        try:  # for the budget less what the device's allocator was seen to hold beyond the count (allocator.py)
+            key, planned_for = (guard.plan_budget, *options), guard.plan_budget
+            plan, planned_before = traced.plan(key, lambda: first_plan(traced, planned_for, self.heuristic, self.dealloc, owned, path))
+        except OutOfBudgetError:
+            if not guard.margin:
+                raise
+            guard.exhausted()  # no plan fits within the margin: the count's plan
+            key, planned_for = (budget_bytes, *options), budget_bytes
+            plan, planned_before = traced.plan(key, lambda: first_plan(traced, budget_bytes, self.heuristic, self.dealloc, owned, path))
         program = plan.program or program
         planning = 0.0 if planned_before else plan.planning_time_s
         known_ahead = plan.path is None and not planned_before  # said once per plan, before the run
@@ -257,7 +267,7 @@ class _ValueAndGrad:
         if plan.path is not None:  # a cond on data: by the path its predicates read
             start = time.perf_counter()
             try:
-                went = run_by_paths(plan, program, owned, self.dealloc, execution, self.chunks, budget_bytes)
+                went = run_by_paths(plan, program, owned, self.dealloc, execution, self.chunks, planned_for)
             except OutOfBudgetError as err:
                 # The path read does not fit by the plan's heuristic (the first plan's: a plan that
                 # goes on from another must decide as it did). The error stays cached with the path:
@@ -274,9 +284,10 @@ class _ValueAndGrad:
                 plan.warned = True
                 warnings.warn(ThrashWarning(plan.overhead, budget_bytes, plan.calm_budget_bytes, plan.heuristic), stacklevel=4)
         else:
-            items, compiling = chunks_for(plan, program, self.chunks, budget_bytes)
+            items, compiling = chunks_for(plan, program, self.chunks, planned_for)
             planning += compiling
             compiled = items is not None
+            execution.after = guard.watch(plan, "chunks" if compiled else "steps", inputs, program.held_bytes, check)
             start = time.perf_counter()
             if compiled:
                 execution.chunks(items)
@@ -288,7 +299,7 @@ class _ValueAndGrad:
         report = _report(plan.counters, plan.heuristic, wall, self.timeline and plan.timeline, plan.baseline_cost)
         report.update(
             chunks=execution.dispatches, planning_time_s=planning, execution="chunks" if compiled else "steps", scans=plan.scans,
-            equations=program.num_equations,
+            equations=program.num_equations, allocator_peak_bytes=guard.learn(),
         )
         return outputs, report, plan.log if self.log is not None else None
 

@@ -19,7 +19,6 @@ import numpy as np
 
 from ..oplog import TraceRecorder
 from ..runtime import Operator, Runtime, Tensor, future_uses, operation_costs
-from . import _jax_core
 from .costs import nanoseconds
 from .devices import device_bytes
 from .program import Cond, Equation, Program, Value
@@ -278,28 +277,3 @@ def _shard_views(arrays: Sequence[Any]) -> list[Any]:
         views.extend(v for v in candidates if v.unsafe_buffer_pointer() in shards)
     return views
 
-
-def allocator_bytes(inputs: Sequence[Any], held: int) -> Optional[Callable[[], int]]:
-    """For devices whose allocator reports its use (GPUs, TPUs; not the
-    CPU): the bytes the run holds by the allocator's count, `held`
-    (arguments, constants: on the device before the run, per device) plus
-    what it has allocated since, on the device that allocated most.
-
-    The allocator rounds buffers up to its blocks: on an H100, runs whose
-    count kept the budget used up to 18% more (docs/benchmarks.md)."""
-    # Where the operators run: the committed arguments' devices (all are on
-    # one, or one mesh's, `_check_device`), else where JAX puts uncommitted work.
-    committed = [a for a in inputs if _jax_core.is_array(a) and getattr(a, "committed", False)]
-    if committed:
-        devices = list(committed[0].sharding.device_set)
-    else:
-        device = jax.config.jax_default_device or jax.devices()[0]
-        if isinstance(device, str):  # a platform name
-            device = jax.devices(device)[0]
-        devices = [device]
-    starts = [device.memory_stats() for device in devices]
-    if not all(stats and "bytes_in_use" in stats for stats in starts):
-        return None
-    start = [stats["bytes_in_use"] for stats in starts]
-
-    return lambda: max(d.memory_stats()["bytes_in_use"] - s for d, s in zip(devices, start)) + held

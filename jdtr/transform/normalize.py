@@ -110,7 +110,7 @@ class _Normalizer:
         params: Optional[dict] = None,
         effects: bool = False,
         source: Optional[str] = None,
-        scan: Optional[dict] = None,
+        scan: Optional[_jax_core.ScanLayout] = None,
         counted: Optional[tuple[Sequence[Any], Sequence[Any], int]] = None,
         placed: Optional[Sequence[Any]] = None,
     ) -> list[Value]:
@@ -166,12 +166,12 @@ class _Normalizer:
             return [None] * n
         return [spread(s) for s in placed]
 
-    def scan_cost(self, params: dict) -> Optional[float]:
+    def scan_cost(self, layout: _jax_core.ScanLayout) -> Optional[float]:
         """A kept scan's cost: its body's, once per iteration."""
         if self.cost_model == MEASURED:
             return None
-        body = normalize(params["jaxpr"], self.cost_model, keep_scans=True)
-        return float(params["length"]) * max(body.simulated_cost(), 1.0)
+        body = normalize(layout.body, self.cost_model, keep_scans=True)
+        return float(layout.length) * max(body.simulated_cost(), 1.0)
 
     def cost(self, exe: Executable, name: str, params: dict, args: Sequence[Any], outputs: Sequence[Any], nbytes=None, times: int = 1):
         if self.cost_model == MEASURED:
@@ -262,7 +262,7 @@ class _Normalizer:
             exe = primitive_executable(eqn, inputs)
             outs = self.emit(
                 body, name, inputs, [v.aval for v in eqn.outvars], exe, params=eqn.params,
-                effects=_jax_core.has_effects(eqn), source=_jax_core.source_line(eqn), scan=dict(eqn.params),
+                effects=_jax_core.has_effects(eqn), source=_jax_core.source_line(eqn), scan=_jax_core.scan_layout(eqn.params),
             )
         elif name == "scan" and self.can_unroll(eqn):
             outs = self.unroll_scan(body, env, eqn)
@@ -302,19 +302,19 @@ class _Normalizer:
         return self.keep_scans and keepable_scan(eqn)
 
     def can_unroll(self, eqn: Any) -> bool:
-        if not {"length", "num_consts", "num_carry", "reverse", "jaxpr"} <= eqn.params.keys():
+        layout = _jax_core.scan_layout(eqn.params)
+        if layout is None:
             return False  # a scan of another JAX version's making: run it as one operator
-        length = eqn.params["length"]
-        size = length * max(len(eqn.params["jaxpr"].jaxpr.eqns), 1)
+        size = layout.length * max(len(layout.body.jaxpr.eqns), 1)
         if self.unrolled + size > MAX_UNROLLED_EQUATIONS:
             return False
         self.unrolled += size
         return True
 
     def unroll_scan(self, body: list[Item], env: dict, eqn: Any) -> list[Any]:
-        p = eqn.params
-        inner, consts = _jax_core.open_jaxpr(p["jaxpr"])
-        length, num_consts, num_carry = p["length"], p["num_consts"], p["num_carry"]
+        layout = _jax_core.scan_layout(eqn.params)
+        inner, consts = _jax_core.open_jaxpr(layout.body)
+        length, num_consts, num_carry = layout.length, layout.num_consts, layout.num_carry
         args = [self.lazy(env, a) for a in eqn.invars]
         scan_consts = args[:num_consts]
         carry = args[num_consts : num_consts + num_carry]
@@ -322,7 +322,7 @@ class _Normalizer:
         x_vars = eqn.invars[num_consts + num_carry :]
         ys_avals = [v.aval for v in eqn.outvars[num_carry:]]
         ys_items: list[list[Any]] = [[None] * length for _ in ys_avals]
-        order = range(length - 1, -1, -1) if p["reverse"] else range(length)
+        order = range(length - 1, -1, -1) if layout.reverse else range(length)
         for i in order:
             x_i = [self.item(body, x, var, i) for x, var in zip(xs, x_vars)]
             outs = self.inline(body, inner, consts, [*scan_consts, *carry, *x_i])
@@ -417,11 +417,8 @@ def keepable_scan(eqn: Any) -> bool:
     """Whether a `scan` equation can stay one equation of a program: one of
     `MIN_KEPT_LENGTH` iterations or more, without effects (whose iterations
     are never replayed), of a JAX whose parameters `scans.run_scan` reads."""
-    return (
-        {"length", "num_consts", "num_carry", "reverse", "jaxpr"} <= eqn.params.keys()
-        and eqn.params["length"] >= MIN_KEPT_LENGTH
-        and not _jax_core.has_effects(eqn)
-    )
+    layout = _jax_core.scan_layout(eqn.params)
+    return layout is not None and layout.length >= MIN_KEPT_LENGTH and not _jax_core.has_effects(eqn)
 
 
 def normalize(

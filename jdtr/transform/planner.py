@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import math
 import time
+import weakref
 from collections import OrderedDict
 from dataclasses import dataclass, field, replace
 from typing import Any, Optional, Sequence, Union
@@ -91,10 +92,18 @@ THRASH_OVERHEAD = 2.0
 def plannable(program: Program) -> bool:
     """Whether a run of `program` can be decided before it starts: every cost
     is known (not measured at run time), in every branch of its `cond`s."""
-    return all(
+    if program in _PLANNABLE:  # asked on every call; a cost once known stays known
+        return True
+    known = all(
         item.cost is not None if type(item) is Equation else all(plannable(branch) for branch in item.branches)
         for item in program.body
     )
+    if known:
+        _PLANNABLE.add(program)
+    return known
+
+
+_PLANNABLE: "weakref.WeakSet[Program]" = weakref.WeakSet()
 
 
 def branching(program: Program) -> bool:
@@ -152,6 +161,7 @@ class PlannedRun:
     # The plans of the paths that parted from it (an error: the path does not fit).
     paths: "OrderedDict[tuple[int, ...], Union[PlannedRun, OutOfBudgetError]]" = field(default_factory=OrderedDict, repr=False)
     warned: bool = False  # a run by it thrashing was said (a path's plan: once it ran)
+    watched: set = field(default_factory=set, repr=False)  # its runs whose allocator use was read ("steps", "chunks")
     last_taken: dict = field(default_factory=dict, repr=False)  # per cond (and per count of branches), the branch taken last
     timeline: Optional[tuple] = field(default=None, repr=False)
     log: Optional[Trace] = field(default=None, repr=False)

@@ -15,6 +15,8 @@ from typing import Any, Callable, Optional, Sequence, Union
 
 import numpy as np
 
+from ._jax_core import ScanLayout
+
 
 @dataclass(frozen=True, eq=False)
 class Value:
@@ -64,7 +66,7 @@ class Equation:
     trace: Optional[Callable[..., list[Any]]] = None
     executable: Any = None  # the `Executable` `fn` calls, for XLA's analyses
     workspace: int = 0  # bytes XLA takes beside inputs and outputs while it runs (`assign_workspaces`)
-    scan: Optional[dict] = None  # a scan kept whole (`scans.py`): its jaxpr equation's parameters
+    scan: Optional[ScanLayout] = None  # a scan kept whole (`scans.py`): its jaxpr equation's parameters
 
     @functools.cached_property
     def args(self) -> tuple[Value, ...]:
@@ -126,13 +128,13 @@ class Program:
         arguments sharded over it; every byte count is then per device)."""
         return max((len(v.sharding.device_set) for v in self.inputs if v.sharding is not None), default=1)
 
-    @property
+    @functools.cached_property
     def held_bytes(self) -> int:
         """Bytes of its arguments and constants: on the device for the whole run."""
         return sum(v.nbytes for v in self.inputs) + sum(v.nbytes for v, _ in self.consts)
 
-    @property
-    def num_equations(self) -> int:
+    @functools.cached_property
+    def num_equations(self) -> int:  # (asked on every call: the body is fixed once traced)
         return sum(
             1 if isinstance(item, Equation) else max((b.num_equations for b in item.branches), default=0)
             for item in self.body

@@ -82,9 +82,9 @@ def with_scans_under(closed: Any, strategy: ScanStrategy) -> Callable[..., list]
             operands = [read(a) for a in eqn.invars]
             name = eqn.primitive.name
             if name == "scan" and keepable_scan(eqn):
-                length = eqn.params["length"]
-                levels = levels_within(length, strategy.levels, MIN_KEPT_LENGTH)  # the outer scan stays kept
-                outs = run_scan(eqn.params, replace(strategy, levels=levels), *operands)
+                layout = _jax_core.scan_layout(eqn.params)
+                levels = levels_within(layout.length, strategy.levels, MIN_KEPT_LENGTH)  # the outer scan stays kept
+                outs = run_scan(layout, replace(strategy, levels=levels), *operands)
             elif name in _INLINED and (call := _jax_core.call_body(eqn)) is not None:
                 outs = evaluate(*call, operands)
             else:
@@ -138,11 +138,11 @@ class ScanVariants:
         if strategy is None:
             return "unrolled: it computes less than any scan strategy that fits" if fitted else "unrolled: no scan strategy fits"
         longest = self.longest()
-        lengths = sorted({e.scan["length"] for e in kept_scans(self.first).values()})
+        lengths = sorted({e.scan.length for e in kept_scans(self.first).values()})
         return f"kept whole ({', '.join(map(str, lengths))} iterations): {self.effective(strategy).describe(longest)}"
 
     def longest(self) -> int:
-        return max(e.scan["length"] for e in kept_scans(self.first).values())
+        return max(e.scan.length for e in kept_scans(self.first).values())
 
     def effective(self, strategy: ScanStrategy) -> ScanStrategy:
         """`strategy` as the longest scan runs it (in fewer levels where its

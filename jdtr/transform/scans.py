@@ -45,6 +45,7 @@ from jax import lax
 
 from ..runtime import format_bytes
 from . import _jax_core
+from ._jax_core import ScanLayout
 from .program import Const, Equation, Program, signature
 from .segmented_scan import segmented_scan
 
@@ -98,7 +99,7 @@ class KeptScan:
     memory: ScanMemory
 
     def describe(self) -> str:
-        length = self.equation.scan["length"]
+        length = self.equation.scan.length
         saved = ", ".join(self.memory.per_iteration) or "nothing"
         return (
             f"scan at {self.equation.source} (equation {self.position}): {length} iterations, "
@@ -109,17 +110,16 @@ class KeptScan:
 # ------------------------------------------------------------------ running
 
 
-def run_scan(params: dict, strategy: ScanStrategy, *args):
-    """The scan of `params` (a jaxpr `scan` equation's) on `args`, under `strategy`."""
-    num_consts, num_carry, length = params["num_consts"], params["num_carry"], params["length"]
-    reverse = params["reverse"]
+def run_scan(layout: ScanLayout, strategy: ScanStrategy, *args):
+    """The scan of `layout` (a jaxpr `scan` equation's) on `args`, under `strategy`."""
+    num_consts, num_carry, length, reverse = layout.num_consts, layout.num_carry, layout.length, layout.reverse
     consts, carry, xs = args[:num_consts], args[num_consts : num_consts + num_carry], args[num_consts + num_carry :]
-    fun = _jax_core.jaxpr_function(params["jaxpr"])
+    fun = _jax_core.jaxpr_function(layout.body)
     if strategy.levels > 1 and not reverse:
         # Nested segments with one accumulator of the constants' cotangents
         # (`segmented_scan`); a reverse scan keeps `jax.checkpoint`'s nesting.
         body = lambda *a: list(fun(*a))  # noqa: E731
-        ys_avals = params["jaxpr"].out_avals[num_carry:]
+        ys_avals = layout.body.out_avals[num_carry:]
         carry, ys = segmented_scan(
             body, list(consts), list(carry), list(xs), ys_avals, length, _inner_length, strategy.levels
         )
@@ -220,14 +220,14 @@ def _under(equation: Equation, strategy: ScanStrategy) -> Equation:
     return dataclasses.replace(equation, trace=run, fn=run)
 
 
-def _traced(params: dict, strategy: ScanStrategy, inputs: Optional[Sequence[Any]] = None):
+def _traced(layout: ScanLayout, strategy: ScanStrategy, inputs: Optional[Sequence[Any]] = None):
     """`run_scan` on the equation's values, its literal operands put back in place."""
     if inputs is None or not any(isinstance(a, Const) for a in inputs):
-        return lambda *args: run_scan(params, strategy, *args)
+        return lambda *args: run_scan(layout, strategy, *args)
 
     def run(*args):
         it = iter(args)
-        return run_scan(params, strategy, *(jax.numpy.asarray(a.value) if isinstance(a, Const) else next(it) for a in inputs))
+        return run_scan(layout, strategy, *(jax.numpy.asarray(a.value) if isinstance(a, Const) else next(it) for a in inputs))
 
     return run
 
@@ -259,15 +259,14 @@ _MEMORY: "weakref.WeakKeyDictionary[Equation, dict]" = weakref.WeakKeyDictionary
 def _specs(equation: Equation) -> tuple[list, list]:
     """The specs of a kept scan's operands (literals too, as `run_scan`
     takes them), and of its body's (one row of each scanned-over operand)."""
-    params = equation.scan
     specs = [_spec(a) for a in equation.inputs]
-    split = params["num_consts"] + params["num_carry"]
+    split = equation.scan.num_consts + equation.scan.num_carry
     return specs, [*specs[:split], *(_row(s) for s in specs[split:])]
 
 
 def _step(equation: Equation):
     """A kept scan's body as a function of its operands, returning a list."""
-    body = _jax_core.jaxpr_function(equation.scan["jaxpr"])
+    body = _jax_core.jaxpr_function(equation.scan.body)
     return lambda *args: list(body(*args))
 
 
@@ -277,10 +276,10 @@ def _iteration_residuals(equation: Equation) -> tuple[int, tuple[str, ...]]:
 
 
 def _measure(equation: Equation, strategy: ScanStrategy, one: int, described: tuple[str, ...]) -> ScanMemory:
-    params = equation.scan
-    num_consts, num_carry = params["num_consts"], params["num_carry"]
+    layout = equation.scan
+    num_consts, num_carry = layout.num_consts, layout.num_carry
     specs, body_specs = _specs(equation)
-    kept, _ = hidden_residuals(_traced(params, strategy), specs)
+    kept, _ = hidden_residuals(_traced(layout, strategy), specs)
     # Its backward pass holds the cotangents of its stacked outputs.
     cotangents = sum(v.nbytes for v in equation.outputs[num_carry:])
     if strategy.saves == "all":
@@ -289,7 +288,7 @@ def _measure(equation: Equation, strategy: ScanStrategy, one: int, described: tu
     # strategy also holds one segment's carries at each inner level.
     carry = body_specs[num_consts : num_consts + num_carry]
     carry_bytes = sum(_jax_core.aval_nbytes(s) for s in carry)
-    transient = cotangents + one + carry_bytes * (1 + carries_held(params["length"], strategy.levels))
+    transient = cotangents + one + carry_bytes * (1 + carries_held(layout.length, strategy.levels))
     if strategy.saves == "carry":
         described = tuple(f"{_short(s)} (carry)" for s in carry)
     else:
