@@ -46,8 +46,13 @@ def allocator_bytes(inputs: Sequence[Any], held: int) -> Optional[Callable[[], i
         if isinstance(device, str):  # a platform name
             device = jax.devices(device)[0]
         devices = [device]
-    starts = [device.memory_stats() for device in devices]
-    if not all(stats and "bytes_in_use" in stats for stats in starts):
+    # On a mesh over several processes, each reads its own devices (another's cannot be asked).
+    devices = [d for d in devices if d.process_index == jax.process_index()]
+    try:
+        starts = [device.memory_stats() for device in devices]
+    except RuntimeError:  # a device that cannot say (XLA's error is a RuntimeError)
+        return None
+    if not devices or not all(stats and "bytes_in_use" in stats for stats in starts):
         return None
     start = [stats["bytes_in_use"] for stats in starts]
 
