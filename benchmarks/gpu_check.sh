@@ -3,7 +3,8 @@
 #   1. the test suite on the machine's JAX (0.11 there, which CI cannot
 #      install), on its CPU backend, beside
 #   2. allocator peaks of jdtr.grad's steps on the GPU (`device_peak.py`:
-#      memory only, so the tests beside it change nothing), then
+#      memory only, so the tests beside it change nothing; 6 calls a process,
+#      so that the margin a plan learns from the allocator shows), then
 #   3. jdtr.grad's step times against jax.jit(jax.grad) on the GPU
 #      (`grad_benchmark.py`), alone on the machine.
 # Each part has its own time limit; what it printed comes back under $OUT
@@ -34,7 +35,7 @@ JAX_PLATFORMS=cpu timeout -s INT "$SUITE_S" $PY -m pytest -p no:cacheprovider -p
 suite=$!
 
 # 2. Allocator peaks (three processes side by side, each with its share of the device).
-timeout "$PEAKS_S" $PY benchmarks/device_peak.py --only eager --jobs 3 ${PEAKS_ARGS:-} > "$OUT/peaks.md" 2> "$OUT/peaks.err"
+timeout "$PEAKS_S" $PY benchmarks/device_peak.py --only eager --jobs 3 --calls "${PEAK_CALLS:-6}" ${PEAKS_ARGS:-} > "$OUT/peaks.md" 2> "$OUT/peaks.err"
 echo "device_peak exit $?" >> "$OUT/peaks.err"
 
 wait $suite
