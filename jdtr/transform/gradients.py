@@ -240,15 +240,16 @@ class _ValueAndGrad:
         options = (self.heuristic if isinstance(self.heuristic, str) else id(self.heuristic), self.dealloc, tuple(owned))
         guard = AllocatorGuard(traced.margins, (budget_bytes, *options), budget_bytes)
         path = () if branching(program) else None  # a cond on data: planned per path (paths.py)
-        try:  # for the budget less what the device's allocator was seen to hold beyond the count (allocator.py)
-            key, planned_for = (guard.plan_budget, *options), guard.plan_budget
-            plan, planned_before = traced.plan(key, lambda: first_plan(traced, planned_for, self.heuristic, self.dealloc, owned, path))
-        except OutOfBudgetError:
-            if not guard.margin:
-                raise
-            guard.exhausted()  # no plan fits within the margin: the count's plan
-            key, planned_for = (budget_bytes, *options), budget_bytes
-            plan, planned_before = traced.plan(key, lambda: first_plan(traced, budget_bytes, self.heuristic, self.dealloc, owned, path))
+        while True:  # for the budget less what the device's allocator was seen to hold beyond the count (allocator.py)
+            planned_for = guard.plan_budget
+            key = (planned_for, *options)
+            try:
+                plan, planned_before = traced.plan(key, lambda: first_plan(traced, planned_for, self.heuristic, self.dealloc, owned, path))
+                break
+            except OutOfBudgetError:
+                if not guard.margin:
+                    raise
+                guard.exhausted()  # no plan fits within the margin: plan for the budget by count, once more
         program = plan.program or program
         planning = 0.0 if planned_before else plan.planning_time_s
         known_ahead = plan.path is None and not planned_before  # said once per plan, before the run
