@@ -166,6 +166,12 @@ def _spans(line: StraightLine, budget_bytes: float, resident: Sequence[int]) -> 
     return items
 
 
+def count(line: StraightLine, budget_bytes: float) -> int:
+    """How many chunks the plan's count cuts `line` into at `budget_bytes`
+    (before XLA's analysis halves any): what `cut` compiles, without compiling."""
+    return sum(1 for item in _spans(line, budget_bytes, line.resident_before()) if type(item) is _Span)
+
+
 def _split(line: StraightLine, span: _Span) -> list[_Span]:
     """A span cut in two before its middle computation, or, when it has at
     most `MIN_HALVED`, into single computations (none if it has one)."""

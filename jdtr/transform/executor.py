@@ -49,13 +49,18 @@ def chunks_for(plan: Any, program: Program, policy: str, budget_bytes: int) -> t
     compiling pays); and the seconds cutting and compiling took now. Counts
     the run."""
     runs, plan.runs = plan.runs, plan.runs + 1
-    if not (policy == "always" or (policy == "auto" and runs >= 1)):
+    if not compiles(policy, runs):
         return None, 0.0
     if plan.compiled is not None:
         return plan.compiled, 0.0
     start = time.perf_counter()
     plan.compiled = cut(plan.line, slot_avals(plan.line, program), budget_bytes)
     return plan.compiled, time.perf_counter() - start
+
+
+def compiles(policy: str, runs: int) -> bool:
+    """Whether a plan that `runs` runs went by before runs as compiled chunks, by `policy`."""
+    return policy == "always" or (policy == "auto" and runs >= 1)
 
 
 def serial_dispatch(program: Program) -> bool:

@@ -61,9 +61,9 @@ from ..offline import run
 from ..stats import Stats
 from ..oplog import Trace, TraceRecorder
 from . import _jax_core
-from .costs import MEASURED, NANOSECOND, CostModel, MeasuredCosts, check_cost_model
+from .costs import MEASURED, CostModel, MeasuredCosts, check_cost_model
 from .arguments import Static, argnums_tuple, flatten_arguments
-from .executor import Execution, chunks_for, serial_dispatch
+from .executor import Execution, chunks_for, compiles, serial_dispatch
 from .allocator import AllocatorGuard, allocator_bytes
 from .interpreter import Interpreter, JaxBackend, LiveArrayCheck
 from .lowering import recording, simulation
@@ -71,7 +71,9 @@ from .caches import Traced, trace_cache
 from .scan_variants import first_plan
 from .tracing import trace_value_and_grad
 from .paths import run_by_paths
-from .planner import AUTO, THRASH_OVERHEAD, branching, observe, plannable, refine, verified_budget
+from .planner import AUTO, THRASH_OVERHEAD, branching, observe, plannable, verified_budget
+from .slack import settle
+from .reporting import report_of
 
 MODES = ("planned", "online")
 CHUNK_POLICIES = ("auto", "always", "never")
@@ -255,12 +257,14 @@ class _ValueAndGrad:
         known_ahead = plan.path is None and not planned_before  # said once per plan, before the run
         if known_ahead and plan.overhead > THRASH_OVERHEAD:  # (by paths: once the path is known)
             warnings.warn(ThrashWarning(plan.overhead, budget_bytes, plan.calm_budget_bytes, plan.heuristic), stacklevel=4)
-        if planned_before and plan.remaining and traced.claim(key):  # it came back: plan it as a static one
-            before, refined = plan.planning_time_s, plan
+        chunked = plan.compiled is None and plan.path is None and compiles(self.chunks, plan.runs)
+        if (planned_before and plan.remaining or chunked) and traced.claim(key):  # it came back, or is to be compiled
+            before, settled = plan.planning_time_s, plan
             try:
-                refined = refine(plan, program, owned, self.dealloc)
-            finally:  # on an error the quick plan stays, and the next call tries again
-                plan = traced.replan(key, refined)
+                # (With a log, the run stays the plan at the budget: `jdtr.simulate` replays it at that budget.)
+                settled = settle(plan, program, owned, self.dealloc, planned_for if chunked and self.log is None else None)
+            finally:  # on an error the plan before stays, and the next call tries again
+                plan = traced.replan(key, settled)
             planning = plan.planning_time_s - before
         if self.timeline or self.log is not None:
             observe(plan, program, owned, self.dealloc, self.timeline, self.log is not None)
@@ -295,9 +299,10 @@ class _ValueAndGrad:
             else:
                 execution.steps()
             outputs = execution.outputs()
-            jax.block_until_ready(outputs)
+            if self.return_stats or check is not None or execution.after is not None:  # else returns as jit does: dispatched
+                jax.block_until_ready(outputs)
             wall = time.perf_counter() - start
-        report = _report(plan.counters, plan.heuristic, wall, self.timeline and plan.timeline, plan.baseline_cost)
+        report = report_of(plan.counters, plan.heuristic, wall, self.timeline and plan.timeline, plan.baseline_cost)
         report.update(
             chunks=execution.dispatches, planning_time_s=planning, execution="chunks" if compiled else "steps", scans=plan.scans,
             equations=program.num_equations, allocator_peak_bytes=guard.learn(),
@@ -337,7 +342,7 @@ class _ValueAndGrad:
         if counters.overhead > THRASH_OVERHEAD:  # known once it has run (a plan would know before, with a budget that avoids it)
             warnings.warn(ThrashWarning(counters.overhead, budget_bytes, None, runtime.heuristic.name), stacklevel=4)
         events = tuple(timeline.events) if timeline is not None else None
-        report = _report(counters, runtime.heuristic.name, time.perf_counter() - start, events)
+        report = report_of(counters, runtime.heuristic.name, time.perf_counter() - start, events)
         report.update(chunks=counters.computations, planning_time_s=0.0, execution="online", equations=program.num_equations)
         return outputs, report, recorder.trace() if recorder is not None else None
 
@@ -350,26 +355,6 @@ class _ValueAndGrad:
             if suggested is not None:
                 err.suggest(suggested)
         return err
-
-
-def _report(
-    counters: Counters, heuristic: str, wall_time_s: float, timeline, baseline_cost: Optional[float] = None
-) -> dict[str, Any]:
-    """The `Stats` fields a run's counters give (planned or online alike).
-    Under a scan strategy, the baseline is the program as JAX differentiates
-    it, and what the strategy recomputes counts as rematerialization."""
-    base = counters.base_cost if baseline_cost is None else baseline_cost
-    total = counters.base_cost + counters.remat_cost
-    return dict(
-        **counters.totals(),
-        pinned_bytes=counters.pinned_bytes,
-        base_cost=base * NANOSECOND,
-        remat_cost=(total - base) * NANOSECOND,
-        overhead=total / base if base > 0 else counters.overhead,
-        wall_time_s=wall_time_s,
-        heuristic=heuristic,
-        timeline=timeline or None,
-    )
 
 
 def _make(

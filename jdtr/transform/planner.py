@@ -31,7 +31,7 @@ import time
 import weakref
 from collections import OrderedDict
 from dataclasses import dataclass, field, replace
-from typing import Any, Optional, Sequence, Union
+from typing import Any, Callable, Iterator, Optional, Sequence, Union
 
 from ..offline import (
     RecordingBackend,
@@ -152,6 +152,7 @@ class PlannedRun:
     remaining: tuple[Union[str, Heuristic], ...] = ()
     calm_budget_bytes: Optional[int] = None  # where thrashing (overhead > THRASH_OVERHEAD): a budget that is not
     compiled: Any = None  # the executor's chunks, once compiled (when the plan is run again)
+    slack: int = 0  # bytes under the budget it was made for, to run as fewer chunks (`slack.py`)
     # A program with `cond`s is planned per path (`paths.py`): the branches
     # this plan knows, and per `Read` of its line, the `cond` and the branch
     # it goes on by (known, or guessed).
@@ -357,6 +358,26 @@ def refine(plan: PlannedRun, program: Program, owned: Sequence[bool], dealloc: s
     if counters.overhead > THRASH_OVERHEAD:
         better.calm_budget_bytes = plan.calm_budget_bytes
     return better
+
+
+def plans_below(
+    plan: PlannedRun, program: Program, owned: Sequence[bool], dealloc: str, budgets: Sequence[int], remat_limit: Callable[[], float]
+) -> Iterator[Optional[PlannedRun]]:
+    """The runs of `program` by `plan`'s candidate under each of `budgets`
+    in turn, each simulated only until it recomputes `remat_limit()` (cost
+    units, asked anew for each): None for one that is cut off there or does
+    not fit. Lowered once for all of them."""
+    simulate = _Simulation(program, owned, dealloc)
+    for budget_bytes in budgets:
+        start = time.perf_counter()
+        with collection_paused():
+            result, counters, line = simulate(budget_bytes, plan.candidate, remat_limit=max(remat_limit(), 0.0))
+        if not result.ok:
+            yield None
+            continue
+        below = _planned(simulate, line, result, counters, plan.candidate, ((result.heuristic, result.overhead),), 0.0, ())
+        below.planning_time_s = time.perf_counter() - start
+        yield below
 
 
 @collection_paused()

@@ -1,0 +1,103 @@
+"""A plan about to run as compiled chunks is made for a little less than the
+budget where that cuts the run into far fewer chunks (`transform/slack.py`):
+fewer chunks, the budget kept by `jax.live_arrays()` and by XLA's analysis
+of every chunk, jax.grad's gradients, and the trade priced as documented."""
+
+from __future__ import annotations
+
+import jax
+import numpy as np
+import pytest
+
+import jdtr
+from jdtr import models
+from jdtr.transform import slack
+from jdtr.transform.chunks import Chunk, count
+
+
+def _plan(f):
+    (traced,) = f.cache.values()
+    (plan,) = traced.plans.values()
+    return plan
+
+
+def _priced(plan, per_chunk, budget_bytes):
+    return plan.counters.base_cost + plan.counters.remat_cost + count(plan.line, budget_bytes) * per_chunk
+
+
+@pytest.fixture
+def tight():
+    """A 48-layer MLP at 0.3 of its peak: a plan at the budget sits at it
+    through the backward pass, where chunks are cut short."""
+    model = models.mlp_chain(layers=48, width=16, batch=64)
+    return model, (model.params, model.batch), jax.grad(model.loss)(model.params, model.batch)
+
+
+def test_a_plan_sitting_at_the_budget_runs_as_fewer_chunks_within_it(tight, monkeypatch):
+    model, args, expected = tight
+    runs = {}
+    for name, slacks in (("at the budget", ()), ("with slack", slack.SLACKS)):
+        monkeypatch.setattr(slack, "SLACKS", slacks)
+        f = jdtr.grad(lambda *a: model.loss(*a), budget=0.3, return_stats=True, debug=True)
+        first = f(*args)[1]
+        grads, stats = f(*args)
+        assert first.execution == "steps" and stats.execution == "chunks"
+        for got, want in zip(jax.tree_util.tree_leaves(grads), jax.tree_util.tree_leaves(expected)):
+            np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-4, atol=1e-5)
+        plan = _plan(f)
+        # Within the budget by the plan's count, by live arrays (debug) and by XLA's analysis of each chunk.
+        assert stats.peak_bytes <= stats.budget_bytes
+        assert all(item.peak_bytes <= stats.budget_bytes for item in plan.compiled if isinstance(item, Chunk))
+        runs[name] = (first, stats, plan)
+    first, at_budget, plan_at = runs["at the budget"]
+    _, slacked, plan = runs["with slack"]
+    assert plan_at.slack == 0 and plan.slack > 0
+    assert plan.result.budget_bytes == slacked.budget_bytes - plan.slack
+    assert slacked.peak_bytes <= slacked.budget_bytes - plan.slack < at_budget.peak_bytes
+    # Fewer chunks for a little more compute; the first call's plan (run step by step) was the one at the budget.
+    assert slacked.chunks * 2 <= at_budget.chunks
+    assert at_budget.overhead <= slacked.overhead <= at_budget.overhead * 1.02
+    assert (first.evictions, first.overhead) == (at_budget.evictions, at_budget.overhead)
+    # Chosen as priced: a chunk as much as the program's average equation.
+    per_chunk = plan_at.counters.base_cost / slacked.equations
+    assert _priced(plan, per_chunk, slacked.budget_bytes) < _priced(plan_at, per_chunk, slacked.budget_bytes)
+
+
+def test_the_slack_is_the_cheapest_of_those_tried(tight, monkeypatch):
+    """Each slack alone, then all: the plan kept is the one priced least."""
+    model, args, _ = tight
+    f = jdtr.grad(model.loss, budget=0.3, return_stats=True, chunks="never")
+    budget = f(*args)[1].budget_bytes
+    plan = _plan(f)
+    program = next(iter(f.cache.values())).program
+    owned = [False] * len(program.inputs)
+    per_chunk = plan.counters.base_cost / program.num_equations
+    priced = {0.0: _priced(plan, per_chunk, budget)}
+    for s in slack.SLACKS:
+        monkeypatch.setattr(slack, "SLACKS", (s,))
+        priced[s] = _priced(slack.plan_for_chunks(plan, program, owned, "eager", budget), per_chunk, budget)
+    monkeypatch.setattr(slack, "SLACKS", tuple(priced)[1:])
+    best = slack.plan_for_chunks(plan, program, owned, "eager", budget)
+    assert _priced(best, per_chunk, budget) == min(priced.values()) < priced[0.0]
+
+
+def test_a_plan_in_few_chunks_is_kept():
+    """At the whole peak nothing is evicted: one or two chunks, and no slack to buy."""
+    model = models.mlp_chain(layers=16, width=16, batch=64)
+    f = jdtr.grad(model.loss, budget=1.0, return_stats=True)
+    first = f(model.params, model.batch)[1]
+    stats = f(model.params, model.batch)[1]
+    assert stats.execution == "chunks" and stats.chunks <= slack.FEW_CHUNKS
+    assert _plan(f).slack == 0 and stats.peak_bytes == first.peak_bytes == stats.budget_bytes
+
+
+def test_a_call_writing_a_log_keeps_the_plan_at_the_budget(tight, tmp_path):
+    """Its log replays at the budget, with `jdtr.simulate`, to the run's decisions."""
+    model, args, _ = tight
+    log = tmp_path / "run.log"
+    f = jdtr.grad(lambda *a: model.loss(*a), budget=0.3, return_stats=True, log=log)
+    f(*args)
+    stats = f(*args)[1]
+    assert stats.execution == "chunks" and _plan(f).slack == 0
+    sim = jdtr.simulate(jdtr.Trace.from_log(log), stats.budget_bytes, stats.heuristic, overhead_limit=None)
+    assert (sim.peak_bytes, sim.evictions, sim.rematerializations) == (stats.peak_bytes, stats.evictions, stats.rematerializations)
