@@ -53,6 +53,10 @@ class Stats:
         and its first run as chunks (arguments and constants included);
         None where it was not read. Over `budget_bytes`, later calls plan
         for less (`jdtr.AllocatorWarning`).
+      slack_bytes: how far under `budget_bytes` the run's plan was made:
+        from a structure's second call on, its compiled chunks may run a
+        plan made for a little less, where that cuts the run into far
+        fewer chunks (docs/design.md, "A plan for fewer chunks"); 0 otherwise.
     """
 
     budget_bytes: int
@@ -79,6 +83,7 @@ class Stats:
     timeline: Optional[tuple[TimelineEvent, ...]] = field(default=None, repr=False)
     devices: int = 1
     allocator_peak_bytes: Optional[int] = None
+    slack_bytes: int = 0
 
     def summary(self) -> str:
         where = f" per device ({self.devices} devices)" if self.devices > 1 else ""

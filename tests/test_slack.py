@@ -51,7 +51,7 @@ def test_a_plan_sitting_at_the_budget_runs_as_fewer_chunks_within_it(tight, monk
         runs[name] = (first, stats, plan)
     first, at_budget, plan_at = runs["at the budget"]
     _, slacked, plan = runs["with slack"]
-    assert plan_at.slack == 0 and plan.slack > 0
+    assert plan_at.slack == at_budget.slack_bytes == 0 and plan.slack == slacked.slack_bytes > 0 and first.slack_bytes == 0
     assert plan.result.budget_bytes == slacked.budget_bytes - plan.slack
     assert slacked.peak_bytes <= slacked.budget_bytes - plan.slack < at_budget.peak_bytes
     # Fewer chunks for a little more compute; the first call's plan (run step by step) was the one at the budget.

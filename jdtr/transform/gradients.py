@@ -305,7 +305,7 @@ class _ValueAndGrad:
         report = report_of(plan.counters, plan.heuristic, wall, self.timeline and plan.timeline, plan.baseline_cost)
         report.update(
             chunks=execution.dispatches, planning_time_s=planning, execution="chunks" if compiled else "steps", scans=plan.scans,
-            equations=program.num_equations, allocator_peak_bytes=guard.learn(),
+            equations=program.num_equations, allocator_peak_bytes=guard.learn(), slack_bytes=plan.slack,
         )
         return outputs, report, plan.log if self.log is not None else None
 
