@@ -62,7 +62,8 @@ def plan_for_chunks(plan: PlannedRun, program: Program, owned: Sequence[bool], d
     base = plan.counters.base_cost  # of the program simulated: the same for every budget
     per_chunk = (plan.baseline_cost or base) / max(program.num_equations, 1)
     best, best_cost = plan, _cost(plan) + chunks * per_chunk
-    # A candidate recomputing more than the best costs less chunks than one is cut off there.
+    # A candidate cannot win once it recomputes more than the best costs less its base and one
+    # chunk: its simulation stops there.
     budgets = [int(budget_bytes * (1 - slack)) for slack in SLACKS]
     for candidate in plans_below(plan, program, owned, dealloc, budgets, lambda: best_cost - per_chunk - base):
         if candidate is None:
