@@ -98,7 +98,8 @@ def measure_eager(model: str, ratio: float | None, heuristic: str, variant: str 
     `variant` (`--variants`, to find where the allocator's bytes go): "serial"
     waits for each dispatch before the next (frees then land after the
     operations that read them); "online" runs the paper's algorithm, which
-    also evicts by the allocator's own count."""
+    also evicts by the allocator's own count; "noslack" runs the plan made at
+    the budget as chunks, never one made for a little less (`slack.py`)."""
     import jax
 
     import jdtr
@@ -110,6 +111,10 @@ def measure_eager(model: str, ratio: float | None, heuristic: str, variant: str 
         gradients.serial_dispatch = lambda program: True
     elif variant == "online":
         mode = {"mode": "online"}
+    elif variant == "noslack":
+        import jdtr.transform.slack as slack
+
+        slack.SLACKS = ()
 
     m, params, batch, device, before = _model(EAGER_MODELS, model)
     arguments = device.memory_stats()["bytes_in_use"] - before
@@ -191,7 +196,7 @@ def eager_table(ratios, heuristic, cache, variants=("planned",), models=None) ->
         "the compiled third; left = bytes still in use after the gradients are dropped, besides the arguments (a leak "
         "if not 0)."
         + (" Variants: *serial* waits for each dispatch before the next; *online* is `mode=\"online\"`, which "
-           "also evicts by the allocator's count." if variants != ("planned",) else ""), "",
+           "also evicts by the allocator's count; *noslack* runs the plan made at the budget as chunks." if variants != ("planned",) else ""), "",
         "| model | budget | budget MiB | jdtr MiB | first call's peak MiB | peak MiB | first / budget | peak / budget | heuristic | steps | left | read by jdtr / budget, per call |",
         "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
@@ -259,7 +264,7 @@ def main(argv=None):
     parser.add_argument("--heuristic", default="default", help="jdtr.grad's heuristic (default: its own default)")
     parser.add_argument("--only", choices=["eager", "remat"], help="one of the two tables")
     parser.add_argument("--jobs", type=int, default=1, help="measurements side by side (each process preallocates its share of the device)")
-    parser.add_argument("--variants", nargs="+", default=["planned"], help="how jdtr.grad runs: planned (as is), serial, online")
+    parser.add_argument("--variants", nargs="+", default=["planned"], help="how jdtr.grad runs: planned (as is), serial, online, noslack")
     parser.add_argument("--models", nargs="+", help="jdtr.grad's models whose name contains every word of one of these (words joined by +)")
     parser.add_argument("--calls", type=int, default=3, help="jdtr.grad calls per process (at least 3)")
     parser.add_argument("--output")

@@ -6,12 +6,14 @@
 #      memory only, so the tests beside it change nothing; 6 calls a process,
 #      so that the margin a plan learns from the allocator shows), then
 #   3. jdtr.grad's step times against jax.jit(jax.grad) on the GPU
-#      (`grad_benchmark.py`), alone on the machine.
+#      (`grad_benchmark.py`), alone on the machine, then
+#   4. the slack side by side (`slack_benchmark.py`: plans at the budget
+#      and a little under it, run as chunks), alone.
 # Each part has its own time limit; what it printed comes back under $OUT
 # even when it is cut short (the benchmarks print each row as it is made).
 #
 #   bash benchmarks/gpu_check.sh            # in the device tool's `run`
-#   SUITE_S=270 PEAKS_S=240 TIMES_S=180 bash benchmarks/gpu_check.sh
+#   SUITE_S=270 PEAKS_S=240 TIMES_S=180 SLACK_S=120 bash benchmarks/gpu_check.sh
 set -u
 OUT=${OUT:-/tmp/gpu_check}
 mkdir -p "$OUT"
@@ -21,6 +23,7 @@ PY=${PY:-python3}
 SUITE_S=${SUITE_S:-270}
 PEAKS_S=${PEAKS_S:-240}
 TIMES_S=${TIMES_S:-180}
+SLACK_S=${SLACK_S:-120}
 SUITE_ARGS=${SUITE_ARGS:-tests --ignore=tests/test_notebooks.py}
 
 {
@@ -45,7 +48,12 @@ echo "suite exit $?" >> "$OUT/suite.log"
 timeout "$TIMES_S" $PY benchmarks/grad_benchmark.py --only models --repeats 5 ${TIMES_ARGS:-} > "$OUT/times.md" 2> "$OUT/times.err"
 echo "grad_benchmark exit $?" >> "$OUT/times.err"
 
+# 4. The slack, side by side, alone.
+timeout "$SLACK_S" $PY benchmarks/slack_benchmark.py --models mlp transformer --ratios 0.5 > "$OUT/slack.md" 2> "$OUT/slack.err"
+echo "slack_benchmark exit $?" >> "$OUT/slack.err"
+
 tail -n 25 "$OUT/suite.log"
 grep -c PASSED "$OUT/suite.log"
 grep -E "^\(|exit" "$OUT/peaks.err" | tail -n 30
 tail -n 20 "$OUT/times.err"
+tail -n 8 "$OUT/slack.err"

@@ -351,6 +351,22 @@ def test_bad_arguments_are_reported_like_jax():
         jdtr.grad(lambda s: 1.0)("text")
 
 
+def test_a_calls_structure_is_the_same_on_jdtr_grads_fast_path_as_for_planning():
+    """`jdtr.grad` flattens its concrete arguments by a path of its own (every
+    call of a training loop); it reads the same structure as the general one:
+    which leaves are differentiated (positional, keyword, empty subtrees),
+    their specs, and the statics."""
+    from jdtr.transform.arguments import flatten_arguments
+
+    args = ({"a": jnp.ones(3), "b": [jnp.zeros((2, 2), jnp.int32), 2.0], "c": None}, np.ones(2), (), 3.0, "mode")
+    kwargs = {"k": jnp.ones(1), "flag": True}
+    fast = flatten_arguments((0, 3), args, kwargs, eager=True)[1]
+    general = flatten_arguments((0, 3), args, kwargs, eager=False)[1]
+    assert fast.differentiated == general.differentiated == (True, True, True, False, True, False, False, False)
+    assert fast.specs == general.specs and fast.key == general.key and hash(fast.key) == hash(general.key)
+    assert flatten_arguments(-1, args[:4], {}, eager=True)[1].differentiated == (False,) * 4 + (True,)
+
+
 def test_under_jit_gives_a_clear_error():
     with pytest.raises(TypeError, match="remat_grad"):
         jax.jit(jdtr.grad(lambda v: jnp.sum(v**2)))(jnp.ones(3))

@@ -289,7 +289,11 @@ def test_the_policy_on_a_scanned_layer_saves_what_the_plan_saves_per_iteration(b
         warnings.simplefilter("error")  # one level, nothing outside the scan: the policy means the plan
         policy = plan.policy
     user = loss_with(jax.checkpoint(block, policy=policy))
-    assert compiled_total(jax.grad(user), params, x) == pytest.approx(plan.compiled_bytes, rel=0.01)
+    # At 1.0 the plan is `jax.grad`'s own step and the policy saves everything: what `jax.checkpoint`
+    # compiles to when it saves everything (on JAX 0.11 one buffer more than no checkpoint at all).
+    everything = loss_with(jax.checkpoint(block, policy=jax.checkpoint_policies.everything_saveable))
+    expected = compiled_total(jax.grad(everything), params, x) if budget == 1.0 else plan.compiled_bytes
+    assert compiled_total(jax.grad(user), params, x) == pytest.approx(expected, rel=0.01)
     assert_trees_close(jax.jit(jax.grad(user))(params, x), jax.grad(loss)(params, x), rtol=1e-5, atol=1e-6)
     if saves == "dots":  # saving nothing in the body would be the smaller "carry" step
         carry = loss_with(jax.checkpoint(block, policy=jax.checkpoint_policies.nothing_saveable))

@@ -193,6 +193,19 @@ def is_array(x: Any) -> bool:
     return isinstance(x, jax.Array)
 
 
+def concrete_array_type() -> type:
+    """The class of a concrete `jax.Array` (never a tracer): a call's
+    leaves are checked against it by identity, the cheapest test there is."""
+    from jax._src.array import ArrayImpl
+
+    return ArrayImpl
+
+
+def one_device(sharding: Any) -> bool:
+    """Whether a sharding is a single device's, without asking for its device set (a set built per call)."""
+    return type(sharding) is jax.sharding.SingleDeviceSharding or len(sharding.device_set) == 1
+
+
 def is_batched(x: Any) -> bool:
     """Whether `x` is a tracer of a `vmap` under way (the innermost trace)."""
     from jax._src.interpreters import batching
@@ -227,11 +240,17 @@ def explicit_mesh(leaves: Iterable[Any]) -> Optional[Any]:
     such types (one that makes a sharded value from none, a broadcast
     constant) only with that mesh set as the context's."""
     explicit = getattr(getattr(jax.sharding, "AxisType", None), "Explicit", None)
+    if explicit is None:
+        return None
+    single = jax.sharding.SingleDeviceSharding
     for leaf in leaves:
         if not is_array(leaf):
             continue
-        mesh = getattr(leaf.sharding, "mesh", None)
-        if explicit is not None and explicit in tuple(getattr(mesh, "axis_types", ()) or ()):
+        sharding = leaf.sharding
+        if type(sharding) is single:
+            continue  # no mesh (the common case: checked per leaf, per call)
+        mesh = getattr(sharding, "mesh", None)
+        if explicit in tuple(getattr(mesh, "axis_types", ()) or ()):
             return mesh
     return None
 

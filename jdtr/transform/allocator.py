@@ -12,10 +12,12 @@ count leaves no room. A plan is made before its run and runs as made, so it
 learns instead (`AllocatorGuard`): the first run of each plan step by step,
 and its first run as compiled chunks, read the allocator's bytes in use
 after every dispatch. Where their peak exceeds the budget, later calls plan
-for the budget less that excess (a margin per traced structure and budget)
-until a plan's runs keep it. The call that measured the excess has already
-run: an `AllocatorWarning` says so, with the numbers. On a device that does
-not report `memory_stats()` (the CPU) nothing is read and nothing changes.
+for the budget less what the allocator held beyond the run's count (a
+margin per traced structure and budget), until a plan's runs keep it; such
+a plan runs as compiled chunks from its first run (its structure has run).
+The call that measured the excess has already run: an `AllocatorWarning`
+says so, with the numbers. On a device that does not report
+`memory_stats()` (the CPU) nothing is read and nothing changes.
 """
 
 from __future__ import annotations
@@ -75,7 +77,7 @@ class AllocatorWarning(UserWarning):
         self.peak_bytes, self.budget_bytes, self.planned_bytes = peak_bytes, budget_bytes, planned_bytes
         super().__init__(
             f"jdtr: the device's allocator held {format_bytes(peak_bytes)} ({peak_bytes} bytes) for this run, "
-            f"{(peak_bytes - budget_bytes) / budget_bytes:.1%} over the budget of {format_bytes(budget_bytes)} "
+            f"{(peak_bytes - budget_bytes) / budget_bytes:.2%} over the budget of {format_bytes(budget_bytes)} "
             "that jdtr's count kept (the allocator hands out whole blocks). Later calls plan for "
             f"{format_bytes(planned_bytes)} ({planned_bytes} bytes) of its count, until a run keeps the budget."
         )
@@ -134,15 +136,21 @@ class AllocatorGuard:
 
         return read
 
-    def learn(self) -> Optional[int]:
-        """After the run: the allocator's peak for it (None where it was not
-        read); where that exceeds the budget, a larger margin for later calls, said."""
+    def learn(self, counted: int) -> Optional[int]:
+        """After the run, whose peak by jdtr's count was `counted`: the
+        allocator's peak for it (None where it was not read); where that
+        exceeds the budget, a larger margin for later calls, said."""
         if self._read is None:
             return None
         self.peak = max(self.peak, self._read())
         excess = self.peak - self.budget_bytes
         if excess > 0 and self.key not in self.margins.exhausted:
-            learned = self.margin + excess
+            # The margin is what the allocator held beyond the count, not beyond the budget: a plan
+            # whose count stayed well under what it planned for (a plan made for less, to run as
+            # fewer chunks) would otherwise learn a sliver per call, each a plan and its first run,
+            # before its count came down to where the allocator's excess fits (an H200's MLP at 0.5:
+            # 18 KiB over the budget on every call, 262 KiB of the count's room unused).
+            learned = max(self.margin + excess, self.peak - counted)
             self.margins.learned[self.key] = learned
             warnings.warn(AllocatorWarning(self.peak, self.budget_bytes, self.budget_bytes - learned), stacklevel=5)
         return self.peak

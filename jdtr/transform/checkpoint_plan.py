@@ -120,9 +120,14 @@ class Plan:
         names = frozenset(NAME_PREFIX + str(v.id) for s in self.segments for leaf in s.leaves() for v in leaf.saved)
         kept = {k.position: k for k in self.scans}
         saved, recomputed = collections.Counter(), collections.Counter()
-        # A value the backward pass does not read is neither: no policy is asked about it
-        # (JAX 0.11's tanh, say, whose gradient reads `one_minus_square` of its output).
+        # Recomputed: what the backward pass reads from inside a segment, and what a segment's
+        # recomputation reads to make it (JAX 0.11's tanh chain saves matmul outputs and
+        # recomputes the others for their tanh). A value outside every segment that the plan
+        # does not save is neither: no policy is asked about it.
         recomputing = {v for s in self.segments for seg in (s, *s.leaves()) for v in seg.recomputed}
+        for leaf in (leaf for s in self.segments for leaf in s.leaves()):
+            inside = self.program.body[leaf.start : leaf.stop]
+            recomputing.update(v for item in inside for v in item.args if isinstance(v, Value))
         nested = []
         for position, item in enumerate(self.program.body):
             if not (isinstance(item, Equation) and item.outputs):

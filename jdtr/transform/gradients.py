@@ -167,7 +167,7 @@ class _ValueAndGrad:
             self.cache_hits += 1
         inputs, owned = [], []
         for leaf, spec in zip(leaves, arguments.specs):
-            if isinstance(spec, Static):
+            if type(spec) is Static:
                 continue
             if _jax_core.is_array(leaf):
                 inputs.append(leaf)
@@ -253,6 +253,8 @@ class _ValueAndGrad:
                     raise
                 guard.exhausted()  # no plan fits within the margin: plan for the budget by count, once more
         program = plan.program or program
+        if guard.margin and not planned_before:
+            plan.runs = max(plan.runs, 1)  # made for the allocator's margin: its structure ran, compiling pays
         planning = 0.0 if planned_before else plan.planning_time_s
         known_ahead = plan.path is None and not planned_before  # said once per plan, before the run
         if known_ahead and plan.overhead > THRASH_OVERHEAD:  # (by paths: once the path is known)
@@ -305,7 +307,7 @@ class _ValueAndGrad:
         report = report_of(plan.counters, plan.heuristic, wall, self.timeline and plan.timeline, plan.baseline_cost)
         report.update(
             chunks=execution.dispatches, planning_time_s=planning, execution="chunks" if compiled else "steps", scans=plan.scans,
-            equations=program.num_equations, allocator_peak_bytes=guard.learn(), slack_bytes=plan.slack,
+            equations=program.num_equations, allocator_peak_bytes=guard.learn(report["peak_bytes"]), slack_bytes=plan.slack,
         )
         return outputs, report, plan.log if self.log is not None else None
 

@@ -96,22 +96,51 @@ def _forward_program(fun: Callable, arguments: Arguments) -> tuple[Any, Program,
 
 def _backward_reads(forward: Program, vg: Program) -> dict[Value, Value]:
     """The forward values the backward pass reads (the residuals), each with
-    its named counterpart in the value-and-grad program."""
+    its named counterpart in the value-and-grad program.
+
+    Some values the backward pass reads are computed in the forward pass by
+    JAX's derivative rules, not by the function (JAX 0.11's tanh: its
+    gradient reads `one_minus_square` of the tanh's output, which the
+    forward pass computes beside it). A plan that recomputes such a value
+    recomputes it from the forward value it is made of, which counts as read."""
     names = {int(k[len(NAME_PREFIX) :]): v for k, v in vg.names.items() if k.startswith(NAME_PREFIX)}
     forward_values = {v.id: v for item in forward.body for v in item.outputs}
-    position, last_use = {}, {}
+    named = collections.defaultdict(list)  # (a value can stand for several: equal scalars)
+    for value_id, vg_value in names.items():
+        if value_id in forward_values:
+            named[vg_value].append(forward_values[value_id])
+    position, last_use, producer = {}, {}, {}
     for i, item in enumerate(vg.body):
         for v in item.outputs:
-            position[v] = i
+            position[v], producer[v] = i, item
         for v in item.args:
             last_use[v] = i
     # Where the forward pass ends in the value-and-grad program: the last named value.
     forward_end = max((position.get(v, -1) for v in names.values()), default=-1)
-    reads = {}
-    for value_id, vg_value in names.items():
-        fwd_value = forward_values.get(value_id)
-        if fwd_value is not None and last_use.get(vg_value, -1) > forward_end:
-            reads[fwd_value] = vg_value
+    pending = [v for v, last in last_use.items() if last > forward_end and position.get(v, -1) <= forward_end]
+    own = {getattr(item, "name", None) for item in forward.body}  # the primitives the function itself uses
+    names_of = set(names.values())
+    reads, seen = {}, set()
+    while pending:  # back from each value read late, through unnamed values, to the named ones
+        v = pending.pop()
+        if v in seen:
+            continue
+        seen.add(v)
+        if v in names_of:
+            reads.update((fwd, v) for fwd in named[v])
+            continue
+        # Only through a value made from one value, as large, by a primitive the function itself
+        # does not use (the derivative rules' own): it stands for that value (`one_minus_square`
+        # for the tanh's output). Without that, JAX 0.11's gradient of a tanh chain by its input
+        # reads no forward value at all, and its plans saved nothing (measured on an H200's JAX
+        # 0.11.2). Through every derived value would be as right, but it moved JAX 0.10's plans
+        # of the reference models (a normalization's `2 (x - mean)` read: a ResNet at 0.7 no
+        # longer fit); this rule leaves their residuals as they were.
+        if v not in producer:
+            continue  # an input of the step
+        made_of = [a for a in producer[v].args if a in position]
+        if getattr(producer[v], "name", None) not in own and len(made_of) == 1 and made_of[0].nbytes == v.nbytes:
+            pending.append(made_of[0])
     return reads
 
 
@@ -243,7 +272,7 @@ planning_cache: "weakref.WeakKeyDictionary[Callable, collections.OrderedDict]" =
 
 
 def _planning_for(fun, argnums, has_aux, heuristic, implementation, arguments: Arguments) -> Planning:
-    key = (argnums_tuple(argnums), has_aux, heuristic, implementation, *arguments.key)
+    key = (argnums_tuple(argnums), has_aux, heuristic, implementation, arguments.key)
     try:
         entries = planning_cache.setdefault(fun, collections.OrderedDict())
         found = entries.get(key)
