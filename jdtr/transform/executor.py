@@ -58,6 +58,12 @@ def chunks_for(plan: Any, program: Program, policy: str, budget_bytes: int) -> t
     return plan.compiled, time.perf_counter() - start
 
 
+def compiles_next(plan: Any, policy: str) -> bool:
+    """Whether `plan`'s next run cuts and compiles its chunks (`chunks_for`
+    will): its first run as chunks, which a plan is settled for first."""
+    return plan.compiled is None and plan.path is None and compiles(policy, plan.runs)
+
+
 def compiles(policy: str, runs: int) -> bool:
     """Whether a plan that `runs` runs went by before runs as compiled chunks, by `policy`."""
     return policy == "always" or (policy == "auto" and runs >= 1)

@@ -63,7 +63,7 @@ from ..oplog import Trace, TraceRecorder
 from . import _jax_core
 from .costs import MEASURED, CostModel, MeasuredCosts, check_cost_model
 from .arguments import Static, argnums_tuple, flatten_arguments
-from .executor import Execution, chunks_for, compiles, serial_dispatch
+from .executor import Execution, chunks_for, compiles_next, serial_dispatch
 from .allocator import AllocatorGuard, allocator_bytes
 from .interpreter import Interpreter, JaxBackend, LiveArrayCheck
 from .lowering import recording, simulation
@@ -259,7 +259,7 @@ class _ValueAndGrad:
         known_ahead = plan.path is None and not planned_before  # said once per plan, before the run
         if known_ahead and plan.overhead > THRASH_OVERHEAD:  # (by paths: once the path is known)
             warnings.warn(ThrashWarning(plan.overhead, budget_bytes, plan.calm_budget_bytes, plan.heuristic), stacklevel=4)
-        chunked = plan.compiled is None and plan.path is None and compiles(self.chunks, plan.runs)
+        chunked = compiles_next(plan, self.chunks)
         if (planned_before and plan.remaining or chunked) and traced.claim(key):  # it came back, or is to be compiled
             before, settled = plan.planning_time_s, plan
             try:

@@ -371,13 +371,7 @@ def plans_below(
     for budget_bytes in budgets:
         start = time.perf_counter()
         with collection_paused():
-            result, counters, line = simulate(budget_bytes, plan.candidate, remat_limit=max(remat_limit(), 0.0))
-        if not result.ok:
-            yield None
-            continue
-        below = _planned(simulate, line, result, counters, plan.candidate, ((result.heuristic, result.overhead),), 0.0, ())
-        below.planning_time_s = time.perf_counter() - start
-        yield below
+            yield _by_candidate(simulate, plan.candidate, budget_bytes, start, remat_limit=max(remat_limit(), 0.0))[1]
 
 
 @collection_paused()
@@ -391,14 +385,26 @@ def plan_path(
     does not fit."""
     start = time.perf_counter()
     simulate = _Simulation(program, owned, dealloc, path, guess)
-    result, counters, line = simulate(plan.result.budget_bytes, plan.candidate)
-    if not result.ok:
+    result, followed = _by_candidate(simulate, plan.candidate, plan.result.budget_bytes, start)
+    if followed is None:
         assert result.error is not None, "a run without a remat limit either fits or runs out of memory"
         raise result.error
-    followed = _planned(simulate, line, result, counters, plan.candidate, ((result.heuristic, result.overhead),), 0.0, ())
     followed.path, followed.reads = simulate.path, simulate.reads
-    followed.planning_time_s = time.perf_counter() - start
     return followed.keeps_scans_of(plan)
+
+
+def _by_candidate(
+    simulate: _Simulation, candidate: Union[str, Heuristic], budget_bytes: int, start: float, remat_limit: Optional[float] = None
+) -> tuple[Any, Optional[PlannedRun]]:
+    """One candidate's run simulated at `budget_bytes` (stopped once it
+    recomputes `remat_limit`), and the planned run it makes, timed from
+    `start`; None where it does not fit or was stopped."""
+    result, counters, line = simulate(budget_bytes, candidate, remat_limit=remat_limit)
+    if not result.ok:
+        return result, None
+    run = _planned(simulate, line, result, counters, candidate, ((result.heuristic, result.overhead),), 0.0, ())
+    run.planning_time_s = time.perf_counter() - start
+    return result, run
 
 
 @collection_paused()
