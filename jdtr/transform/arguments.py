@@ -87,12 +87,7 @@ def leaf_spec(leaf: Any, differentiated: bool, where: Any) -> Spec:
             "is a tracer. Use jdtr.remat_grad inside jit, or call jdtr.grad outside the transformation."
         )
     if _jax_core.is_array(leaf):
-        if leaf.is_deleted():
-            raise ValueError(f"{where} is a deleted jax.Array; its buffer was freed before the call")
-        # An array sharded over several devices runs there, its values as
-        # XLA shards them: its sharding is part of the structure.
-        sharding = leaf.sharding if len(leaf.sharding.device_set) > 1 else None
-        return _array_spec(leaf.shape, leaf.dtype, getattr(leaf, "weak_type", False), sharding)
+        return _concrete_array_spec(leaf, where)
     if isinstance(leaf, (np.ndarray, np.generic)):
         # As jax.grad does: float64 becomes float32 unless x64 is enabled (silently).
         return jax.ShapeDtypeStruct(np.shape(leaf), jax.dtypes.canonicalize_dtype(np.asarray(leaf).dtype))
@@ -109,6 +104,25 @@ def leaf_spec(leaf: Any, differentiated: bool, where: Any) -> Spec:
             "arguments as static (part of the trace-cache key), so they must be hashable"
         ) from None
     return Static(leaf)
+
+
+def _concrete_array_spec(leaf: Any, where: Any) -> jax.ShapeDtypeStruct:
+    """The spec of a concrete array; an error for a deleted one. (`jdtr.grad`'s
+    own flattening does the same inline, on its hot path.)"""
+    if leaf.is_deleted():
+        raise _deleted(where)
+    return _array_spec(leaf.shape, leaf.dtype, getattr(leaf, "weak_type", False), _placement(leaf.sharding))
+
+
+def _deleted(where: Any) -> ValueError:
+    return ValueError(f"{where} is a deleted jax.Array; its buffer was freed before the call")
+
+
+def _placement(sharding: Any) -> Any:
+    """The sharding a spec carries: an array sharded over several devices runs
+    there, its values as XLA shards them, so its sharding is part of the
+    structure; a single device's is not."""
+    return None if _jax_core.one_device(sharding) else sharding
 
 
 def _array_spec(shape: tuple, dtype: Any, weak_type: bool, sharding: Any) -> jax.ShapeDtypeStruct:
@@ -305,12 +319,11 @@ def _flatten_concrete(args: tuple, kwargs: dict, diff: set) -> tuple[list, Argum
     devices: Optional[tuple[frozenset, Any]] = None
     checked = None  # the sharding whose devices were compared last
     for index, leaf in enumerate(leaves):
-        if type(leaf) is _ARRAY:
+        if type(leaf) is _ARRAY:  # `_concrete_array_spec`, inline
             if leaf.is_deleted():
-                raise ValueError(f"{_WhereAt(tree, index)} is a deleted jax.Array; its buffer was freed before the call")
+                raise _deleted(_WhereAt(tree, index))
             sharding = leaf.sharding
-            one = _jax_core.one_device(sharding)
-            specs.append(_array_spec(leaf.shape, leaf.dtype, leaf.weak_type, None if one else sharding))
+            specs.append(_array_spec(leaf.shape, leaf.dtype, leaf.weak_type, _placement(sharding)))
             if sharding is not checked and leaf.committed:
                 devices, checked = _check_device(leaf, _WhereAt(tree, index), devices), sharding
             continue

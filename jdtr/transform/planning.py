@@ -105,10 +105,11 @@ def _backward_reads(forward: Program, vg: Program) -> dict[Value, Value]:
     recomputes it from the forward value it is made of, which counts as read."""
     names = {int(k[len(NAME_PREFIX) :]): v for k, v in vg.names.items() if k.startswith(NAME_PREFIX)}
     forward_values = {v.id: v for item in forward.body for v in item.outputs}
-    named = collections.defaultdict(list)  # (a value can stand for several: equal scalars)
+    named: dict[Value, list[Value]] = {}  # the forward values each stands for (several: equal scalars)
     for value_id, vg_value in names.items():
+        stands_for = named.setdefault(vg_value, [])
         if value_id in forward_values:
-            named[vg_value].append(forward_values[value_id])
+            stands_for.append(forward_values[value_id])
     position, last_use, producer = {}, {}, {}
     for i, item in enumerate(vg.body):
         for v in item.outputs:
@@ -119,14 +120,13 @@ def _backward_reads(forward: Program, vg: Program) -> dict[Value, Value]:
     forward_end = max((position.get(v, -1) for v in names.values()), default=-1)
     pending = [v for v, last in last_use.items() if last > forward_end and position.get(v, -1) <= forward_end]
     own = {getattr(item, "name", None) for item in forward.body}  # the primitives the function itself uses
-    names_of = set(names.values())
     reads, seen = {}, set()
     while pending:  # back from each value read late, through unnamed values, to the named ones
         v = pending.pop()
         if v in seen:
             continue
         seen.add(v)
-        if v in names_of:
+        if v in named:  # (a named value with no forward counterpart ends the walk too)
             reads.update((fwd, v) for fwd in named[v])
             continue
         # Only through a value made from one value, as large, by a primitive the function itself
