@@ -30,6 +30,7 @@ from jdtr.runtime import (
 )
 from jdtr.offline import run_baseline
 from jdtr.oplog import Annotate, Call, Constant, Copy, Mutate, Release, Trace, replay
+from jdtr.runtime.heuristics.lookahead import Lookahead
 from jdtr.runtime.index import RatioIndex
 
 LOGS = Path(__file__).resolve().parents[2] / "shared" / "dtr-logs"
@@ -277,6 +278,69 @@ def test_lookahead_on_the_shared_logs():
     assert round(jdtr.simulate(unet, 0.4, "lookahead").overhead, 4) == 1.1961
     assert round(jdtr.simulate(resnet, 0.2).overhead, 4) == 1.3322
     assert round(jdtr.simulate(resnet, 0.2, "lookahead").overhead, 4) == 1.2751
+
+
+class WalkChecked(Lookahead):
+    """The lookahead, checking each need it scores by (kept as the evicted
+    region changes) against its definition, a walk of the evicted region."""
+
+    def __init__(self):
+        super().__init__()
+        self.checked = 0
+
+    def evaluate(self, storage, now, limit):
+        score, key = super().evaluate(storage, now, limit)
+        schedule = self.run.schedule
+        if limit != -math.inf and storage.size > 0 and schedule.next_storage_use(storage) is not None:
+            assert -key[1] == self.walked_need(storage)
+            self.checked += 1
+        return score, key
+
+
+@pytest.mark.parametrize("dealloc", ["eager", "banish"])
+def test_the_lookaheads_kept_needs_are_the_walks_on_a_log(dealloc):
+    checked = WalkChecked()
+    result = jdtr.simulate(shared_log("resnet32-56.log"), 0.2, checked, dealloc=dealloc)
+    assert result.status == "ok" and checked.checked > 100
+    if dealloc == "eager":  # (test_lookahead_on_the_shared_logs)
+        assert round(result.overhead, 4) == 1.2751
+
+
+def test_the_lookaheads_kept_needs_are_the_walks_past_conds(monkeypatch):
+    """A `cond` moves an evicted storage's next use: the branch not taken
+    passes its reads, the branch taken announces its own."""
+    jax = pytest.importorskip("jax")
+    jnp = jax.numpy
+    moved = {"announced": 0, "passed": 0}
+    late, passed = Schedule.late_announcements, Schedule.passed_reads
+
+    def counted_late(self):
+        found = late(self)
+        moved["announced"] += len(found)
+        return found
+
+    def counted_passed(self):
+        for tensor in passed(self):
+            moved["passed"] += not tensor.storage.resident
+            yield tensor
+
+    monkeypatch.setattr(Schedule, "late_announcements", counted_late)
+    monkeypatch.setattr(Schedule, "passed_reads", counted_passed)
+
+    def layered(w, x, s):
+        h = jnp.tanh(x @ w)
+        for i in range(3):
+            h = jax.lax.cond(s[i] > 0, lambda a: jnp.tanh(jnp.tanh(a @ w) @ w) * 2, lambda a: jnp.sin(a) - 1, h)
+            h = jnp.tanh(h @ w)
+        return jnp.sum(h**2)
+
+    w = jax.random.normal(jax.random.PRNGKey(0), (48, 48)) * 0.2
+    x = jax.random.normal(jax.random.PRNGKey(1), (96, 48))
+    checked = WalkChecked()
+    for signs in ([1.0, 1.0, 1.0], [-1.0, 1.0, -1.0]):
+        for mode in ("online", "planned"):
+            jdtr.grad(layered, budget=0.5, heuristic=checked, mode=mode)(w, x, jnp.asarray(signs))
+    assert checked.checked > 200 and moved["announced"] > 0 and moved["passed"] > 0
 
 
 def test_lookahead_in_jdtr_grad_matches_jax_grad():

@@ -71,11 +71,16 @@ class Schedule:
         # TreeLSTM. Cleared when the position moves or a read is announced.
         self._nearest: dict[Storage, Optional[float]] = {}
         self._nearest_at = 0.0
+        # Storages announced new reads while not resident (a log's value under
+        # a new name): the lookahead holds evicted storages' next uses fixed.
+        self._late: list[Storage] = []
 
     def announce(self, tensor: Tensor, uses: Sequence[float]) -> None:
         """The program will read `tensor` at these positions (ascending); a
         second announcement adds to the first (the value under a new name)."""
         self._nearest.clear()
+        if not tensor.storage.resident:
+            self._late.append(tensor.storage)
         known = self._uses.get(tensor)
         if known and known[1]:
             uses = sorted({*known[1], *uses})
@@ -125,6 +130,14 @@ class Schedule:
                 found = use
         nearest[storage] = found
         return found
+
+    def late_announcements(self) -> list[Storage]:
+        """The storages announced reads while not resident, since the last
+        call: an evicted storage's next use moves only then (the program
+        reads it only once it is rematerialized, and a read announced
+        later may come sooner)."""
+        late, self._late = self._late, []
+        return late
 
     def passed_reads(self) -> Iterator[Tensor]:
         """The tensors whose announced reads the program has passed since the last call."""

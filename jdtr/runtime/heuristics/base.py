@@ -211,6 +211,11 @@ class IndexedHeuristic(Heuristic):
         if self._index is not None:
             self._index.touch(storage)
 
+    def touch_all(self, storages: Iterable[Storage]) -> None:
+        """`touch` of each."""
+        if self._index is not None:
+            self._index.touch_all(storages)
+
     def on_pool_add(self, storage: Storage, now: float) -> None:
         if self._index is not None:
             self._index.add(storage, self.index_time(now))

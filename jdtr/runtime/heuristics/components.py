@@ -98,8 +98,7 @@ class ComponentHeuristic(IndexedHeuristic):
         # more than the few needless touches, which only refile a key.
         # Members evicted since they joined leave here.
         kept = [resident for resident in dict.fromkeys(members) if resident.resident]
-        for resident in kept:
-            self.touch(resident)
+        self.touch_all(kept)
         self.read_metadata(len(members))
         if kept:
             self._frontier[root] = kept

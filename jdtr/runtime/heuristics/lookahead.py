@@ -8,8 +8,12 @@ from typing import Iterable, Optional
 from ..graph import Storage
 from .base import ratio
 from .dtr import DTREqClass
+from .regions import live_evicted
 
-_UNASKED = object()  # a storage whose next use the schedule has not been asked this position
+
+def _use(use: Optional[float]) -> float:
+    """A next use, inf for a storage never announced (nothing says it is needed)."""
+    return math.inf if use is None else use
 
 
 class Lookahead(DTREqClass):
@@ -52,62 +56,120 @@ class Lookahead(DTREqClass):
             return ratio(numerator, storage, self.run.clock), (math.nan, math.nan)
         if size <= 0:
             return math.inf, (a, -own)
-        position = schedule.position
         if limit == -math.inf:  # a cheap key: the storage's own next use bounds the score
             return math.inf, (a, -own)
-        # The score is within `limit` only if the next need is at least this far ahead.
-        if limit == math.inf or numerator <= 0:
-            least = -math.inf
-        elif limit <= 0:
-            least = math.inf  # only a storage never needed again scores <= 0 here
-        else:
-            least = numerator / (size * limit) * (1 - 1e-9)
-        need, done = self._next_need(storage, own, position, least)
-        if not done:
-            return math.inf, (a, -need)
+        need = self._next_need(storage, own)
         if need == math.inf:
             return 0.0, (a, -need)
-        distance = need - position
+        distance = need - schedule.position
         return (numerator / (size * distance) if distance > 0 else math.inf), (a, -need)
 
-    def _next_need(self, storage: Storage, own: float, position: float, least: float) -> tuple[float, bool]:
+    def _next_need(self, storage: Storage, own: float) -> float:
         """The earliest next use of `storage` or of an evicted storage depending
-        on it through evicted storages; gives up (False) once one is less than
-        `least` ahead of `position`."""
+        on it through evicted storages (`walked_need`), from the nearest needs
+        its evicted dependents keep. (Exact in a few steps: the score is too,
+        where a limit once cut a walk short.)"""
         need = own
-        if need - position < least:
-            return need, False
-        # The walk runs once per candidate a choice scores, over what may be a
-        # large evicted region (a TreeLSTM's subtrees): its loop is kept lean,
-        # the visits counted in one report.
+        nearest = self._nearest
+        dependents = storage.dependents
+        for t in dependents:
+            d = nearest.get(t)
+            if d is not None and d < need:
+                need = d
+        self.read_metadata(len(dependents))
+        return need
+
+    def walked_need(self, storage: Storage) -> float:
+        """The definition `_next_need` keeps incrementally: the earliest next
+        use of `storage` or of any evicted storage reachable from it through
+        evicted dependents (recomputing one of those needs `storage`), found
+        by walking them; inf where none is ever needed again. The reference
+        the tests compare with, and a walk per candidate per choice (a
+        TreeLSTM's evicted subtrees: 175 storages a walk) was a third of a
+        fresh tree's planning."""
         schedule = self.run.schedule
-        next_use, known = schedule.next_storage_use, schedule.known_storage_uses()
+        need = _use(schedule.next_storage_use(storage))
         found: set[Storage] = set()
-        stack = [s for s in storage.dependents if not s.resident and not s.banished]
-        visits = 0
+        stack = [s for s in storage.dependents if live_evicted(s)]
         while stack:
             s = stack.pop()
-            visits += 1
             if s in found:
                 continue
             found.add(s)
-            use = known.get(s, _UNASKED)
-            if use is _UNASKED:
-                use = next_use(s)
-            if use is not None and use < need:
-                need = use
-                if need - position < least:
-                    self.read_metadata(visits)
-                    return need, False
-            for t in s.dependents:
-                if not t.resident and not t.banished and t not in found:
-                    stack.append(t)
-        self.read_metadata(visits)
-        return need, True
+            need = min(need, _use(schedule.next_storage_use(s)))
+            stack.extend(t for t in s.dependents if live_evicted(t) and t not in found)
+        return need
+
+    # The nearest need of each evicted storage, kept as the evicted region
+    # changes: near(t) = min(t's next use, near(u) for t's evicted dependents
+    # u). Edges join only resident storages, and an evicted storage's next
+    # use moves only when the program passes a read of it without reading it
+    # (a `cond`'s branch not taken) or a read is announced for it (the branch
+    # taken): the program reads it only once it is back. So near changes when
+    # a storage leaves or joins the region, or at those reads, and each
+    # change is carried up the evicted dependencies only as far as it changes
+    # a near.
+
+    def attach(self, run) -> None:
+        super().attach(run)
+        self._nearest: dict[Storage, float] = {}  # evicted storage -> near(t)
+        self._own: dict[Storage, float] = {}  # evicted storage -> its own next use
+
+    def detach(self) -> None:
+        super().detach()
+        self._nearest, self._own = {}, {}
+
+    def on_evict(self, storage: Storage) -> None:
+        super().on_evict(storage)
+        if self.run.schedule is not None:
+            self._own[storage] = _use(self.run.schedule.next_storage_use(storage))
+            self._nearest[storage] = math.nan  # (never equal: set by `_carry`)
+            self._carry([storage])
+
+    def on_rematerialize(self, storage: Storage) -> None:
+        super().on_rematerialize(storage)
+        self._left(storage)
+
+    def on_banish(self, storage: Storage) -> None:
+        super().on_banish(storage)
+        self._left(storage)
+
+    def _left(self, storage: Storage) -> None:
+        """`storage` left the evicted region: its evicted dependencies' near
+        may rise (there are usually none: a return needs its inputs resident)."""
+        if self._nearest.pop(storage, None) is not None:
+            del self._own[storage]
+            self._carry([p for p in storage.deps if p in self._nearest])
+
+    def _moved(self, storage: Storage) -> None:
+        """An evicted storage's next use moved (`choose`)."""
+        if storage in self._own:
+            self._own[storage] = _use(self.run.schedule.next_storage_use(storage))
+            self._carry([storage])
+
+    def _carry(self, stack: list[Storage]) -> None:
+        """Recomputes near for these evicted storages, and up their evicted
+        dependencies wherever it changed."""
+        nearest, own = self._nearest, self._own
+        while stack:
+            s = stack.pop()
+            near = own[s]
+            for u in s.dependents:
+                d = nearest.get(u)
+                if d is not None and d < near:
+                    near = d
+            if near != nearest[s]:
+                nearest[s] = near
+                stack.extend(p for p in s.deps if p in nearest)
 
     def choose(self, pool: Iterable[Storage], now: float) -> Optional[Storage]:
-        if self._index is not None:
-            # A storage the program read since the last choice is needed later now.
-            for tensor in self.run.schedule.passed_reads():
+        schedule = self.run.schedule
+        if schedule is not None:
+            for storage in schedule.late_announcements():
+                self._moved(storage)
+            for tensor in schedule.passed_reads():
+                # A storage the program read since the last choice is needed later now.
                 self.touch(tensor.storage)
+                if not tensor.storage.resident:
+                    self._moved(tensor.storage)
         return super().choose(pool, now)
