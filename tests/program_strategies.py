@@ -1018,6 +1018,8 @@ def smallest_budget(fun: Callable, args: tuple, expected: Any, *, argnums: Any, 
     boundary); None if even the unconstrained peak does not fit. Every run
     on the way must give `expected` or fail cleanly out of budget."""
 
+    suggested: list[int] = []  # the budgets out-of-budget errors said fit
+
     def fits(nbytes: int) -> bool:
         try:
             # Step by step: the boundary is the plan's, and compiling chunks at
@@ -1025,20 +1027,34 @@ def smallest_budget(fun: Callable, args: tuple, expected: Any, *, argnums: Any, 
             f = jdtr.value_and_grad(fun, argnums, has_aux, budget=nbytes, heuristic=heuristic, dealloc=dealloc,
                                     cost_model=cost_model, chunks="never")
             got = f(*args, **(kwargs or {}))
-        except jdtr.OutOfBudgetError:
+        except jdtr.OutOfBudgetError as err:
+            if err.suggested_budget_bytes is not None:
+                suggested.append(err.suggested_budget_bytes)
             return False
         assert_trees_close(got, expected)
         return True
 
     if not fits(peak):
         return None
+    step = max(int(tolerance * peak), 1)
     low, high = 0, peak  # low does not fit (a budget of 0 bytes never does), high does
-    while high - low > max(int(tolerance * peak), 1):
+    while high - low > step:
         middle = (low + high) // 2
         if fits(middle):
             high = middle
-        else:
-            low = middle
+            continue
+        low = middle
+        # An error suggests a budget its planner found to fit, about the
+        # smallest: where it does, and a step below it does not, that is the
+        # boundary (two runs where bisection takes about four).
+        hint = suggested[-1] if suggested else None
+        if hint is not None and low < hint < high and fits(hint):
+            high = hint
+            if hint - step > low:
+                if fits(hint - step):
+                    high = hint - step
+                else:
+                    low = hint - step
     return high
 
 

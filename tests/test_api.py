@@ -365,6 +365,13 @@ def test_a_calls_structure_is_the_same_on_jdtr_grads_fast_path_as_for_planning()
     assert fast.differentiated == general.differentiated == (True, True, True, False, True, False, False, False)
     assert fast.specs == general.specs and fast.key == general.key and hash(fast.key) == hash(general.key)
     assert flatten_arguments(-1, args[:4], {}, eager=True)[1].differentiated == (False,) * 4 + (True,)
+    # What the fast path also says: whether the leaves are the inputs as they are, and may carry a mesh.
+    assert not fast.arrays_only and not fast.meshed
+    arrays = flatten_arguments(0, (jnp.ones(3), {"w": jnp.ones((2, 2))}), {}, eager=True)[1]
+    assert arrays.arrays_only and not arrays.meshed
+    mesh = jax.sharding.Mesh(np.array(jax.devices()[:1]), ("x",))
+    placed = jax.device_put(jnp.ones(4), jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec("x")))
+    assert flatten_arguments(0, (placed,), {}, eager=True)[1].meshed  # a mesh of one device may still be one
 
 
 def test_under_jit_gives_a_clear_error():

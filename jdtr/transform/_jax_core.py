@@ -201,6 +201,9 @@ def concrete_array_type() -> type:
     return ArrayImpl
 
 
+SINGLE_DEVICE = jax.sharding.SingleDeviceSharding
+
+
 def one_device(sharding: Any) -> bool:
     """Whether a sharding is a single device's, without asking for its device set (a set built per call)."""
     return type(sharding) is jax.sharding.SingleDeviceSharding or len(sharding.device_set) == 1

@@ -12,7 +12,7 @@ arguments into one of the traced leaves alone.
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable, Optional, Sequence, Union
 
 import jax
@@ -221,6 +221,12 @@ class Arguments:
     treedef: Any
     specs: tuple[Spec, ...]
     differentiated: tuple[bool, ...]
+    # What `jdtr.grad`'s flattening also learns of a call (the defaults say
+    # nothing): every leaf is a concrete array (the leaves are the inputs as
+    # they are), and whether a leaf's sharding may carry a mesh (one that is
+    # not a single device's: `explicit_mesh` has something to find).
+    arrays_only: bool = field(default=False, compare=False)
+    meshed: bool = field(default=True, compare=False)
 
     @functools.cached_property
     def key(self) -> "StructureKey":
@@ -305,10 +311,11 @@ _ARRAY = _jax_core.concrete_array_type()
 def _flatten_concrete(args: tuple, kwargs: dict, diff: set) -> tuple[list, Arguments]:
     """`flatten_arguments` of a `jdtr.grad` call. On every call of a training
     loop, so its arrays take a path of their own: a class checked by
-    identity, their type read once, their devices compared only where the
-    sharding object differs from the one checked before, and no leaf named
-    unless an error says so (65 leaves: 120 µs a call before, 53 after;
-    `benchmarks/call_overhead.py`)."""
+    identity, their spec found by their abstract value and sharding (objects
+    an executable's outputs share from call to call), their devices compared
+    only where the sharding object differs from the one checked before, and
+    no leaf named unless an error says so (65 leaves: 120 µs a call at first,
+    53 after; `benchmarks/call_overhead.py`)."""
     tree = (args, kwargs)
     leaves, treedef = jax.tree_util.tree_flatten(tree)
     flags: list[bool] = []  # a differentiated argument's leaves, contiguous in the flat order
@@ -318,19 +325,38 @@ def _flatten_concrete(args: tuple, kwargs: dict, diff: set) -> tuple[list, Argum
     specs: list[Spec] = []
     devices: Optional[tuple[frozenset, Any]] = None
     checked = None  # the sharding whose devices were compared last
+    arrays_only, meshed = True, False
     for index, leaf in enumerate(leaves):
         if type(leaf) is _ARRAY:  # `_concrete_array_spec`, inline
             if leaf.is_deleted():
                 raise _deleted(_WhereAt(tree, index))
             sharding = leaf.sharding
-            specs.append(_array_spec(leaf.shape, leaf.dtype, leaf.weak_type, _placement(sharding)))
+            typed = _TYPED.get((leaf.aval, sharding))
+            if typed is None:
+                typed = _typed(leaf, sharding)
+            specs.append(typed[0])
+            meshed = meshed or typed[1]
             if sharding is not checked and leaf.committed:
                 devices, checked = _check_device(leaf, _WhereAt(tree, index), devices), sharding
             continue
+        arrays_only = False
+        meshed = meshed or _jax_core.is_array(leaf)  # (another kind of array: `explicit_mesh` looks)
         where = _WhereAt(tree, index)
         specs.append(leaf_spec(leaf, flags[index], where))
         devices = _check_device(leaf, where, devices)
-    return leaves, Arguments(treedef, tuple(specs), tuple(flags))
+    return leaves, Arguments(treedef, tuple(specs), tuple(flags), arrays_only, meshed)
+
+
+def _typed(leaf: Any, sharding: Any) -> tuple[jax.ShapeDtypeStruct, bool]:
+    """A concrete array's spec, and whether its sharding may carry a mesh,
+    by its abstract value and sharding (`_TYPED`)."""
+    if len(_TYPED) >= _MAX_SPECS:  # types that keep changing (a dynamic model): start again
+        _TYPED.clear()
+    spec = _array_spec(leaf.shape, leaf.dtype, leaf.weak_type, _placement(sharding))
+    return _TYPED.setdefault((leaf.aval, sharding), (spec, type(sharding) is not _jax_core.SINGLE_DEVICE))
+
+
+_TYPED: dict = {}
 
 
 def concrete_leaves(arguments: Arguments, args: tuple, kwargs: dict) -> Optional[list]:

@@ -118,7 +118,7 @@ class _ValueAndGrad:
         leaves, arguments = flatten_arguments(self.argnums, args, kwargs, eager=True)
         # Arrays on a mesh with Explicit axes carry their shardings in their
         # types: tracing, XLA's analyses and every dispatch need that mesh set.
-        with _jax_core.mesh_context(_jax_core.explicit_mesh(leaves)):
+        with _jax_core.mesh_context(_jax_core.explicit_mesh(leaves) if arguments.meshed else None):
             return self._call(leaves, arguments)
 
     def _call(self, leaves: list, arguments):
@@ -165,6 +165,8 @@ class _ValueAndGrad:
             self.cache[arguments.key] = traced
         else:
             self.cache_hits += 1
+        if arguments.arrays_only:  # (a training loop's call: each leaf an input, the caller's)
+            return traced, leaves, [False] * len(leaves), cache_hit
         inputs, owned = [], []
         for leaf, spec in zip(leaves, arguments.specs):
             if type(spec) is Static:
