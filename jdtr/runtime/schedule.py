@@ -71,8 +71,9 @@ class Schedule:
         # TreeLSTM. Cleared when the position moves or a read is announced.
         self._nearest: dict[Storage, Optional[float]] = {}
         self._nearest_at = 0.0
-        # Storages announced new reads while not resident (a log's value under
-        # a new name): the lookahead holds evicted storages' next uses fixed.
+        # Storages announced reads while not resident (a `cond`'s branch, once
+        # known, announces its reads of its operands): the lookahead holds an
+        # evicted storage's next use fixed until then.
         self._late: list[Storage] = []
 
     def announce(self, tensor: Tensor, uses: Sequence[float]) -> None:

@@ -206,7 +206,7 @@ SINGLE_DEVICE = jax.sharding.SingleDeviceSharding
 
 def one_device(sharding: Any) -> bool:
     """Whether a sharding is a single device's, without asking for its device set (a set built per call)."""
-    return type(sharding) is jax.sharding.SingleDeviceSharding or len(sharding.device_set) == 1
+    return type(sharding) is SINGLE_DEVICE or len(sharding.device_set) == 1
 
 
 def is_batched(x: Any) -> bool:
@@ -245,7 +245,7 @@ def explicit_mesh(leaves: Iterable[Any]) -> Optional[Any]:
     explicit = getattr(getattr(jax.sharding, "AxisType", None), "Explicit", None)
     if explicit is None:
         return None
-    single = jax.sharding.SingleDeviceSharding
+    single = SINGLE_DEVICE
     for leaf in leaves:
         if not is_array(leaf):
             continue

@@ -6,7 +6,7 @@ import math
 from typing import Iterable, Optional
 
 from ..graph import Storage
-from .base import ratio
+from .base import RunView, ratio
 from .dtr import DTREqClass
 from .regions import live_evicted
 
@@ -110,7 +110,7 @@ class Lookahead(DTREqClass):
     # change is carried up the evicted dependencies only as far as it changes
     # a near.
 
-    def attach(self, run) -> None:
+    def attach(self, run: RunView) -> None:
         super().attach(run)
         self._nearest: dict[Storage, float] = {}  # evicted storage -> near(t)
         self._own: dict[Storage, float] = {}  # evicted storage -> its own next use
