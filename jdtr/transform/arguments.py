@@ -111,6 +111,11 @@ def _concrete_array_spec(leaf: Any, where: Any) -> jax.ShapeDtypeStruct:
     own flattening does the same inline, on its hot path.)"""
     if leaf.is_deleted():
         raise _deleted(where)
+    return _live_array_spec(leaf)
+
+
+def _live_array_spec(leaf: Any) -> jax.ShapeDtypeStruct:
+    """The spec of a concrete array known not to be deleted."""
     return _array_spec(leaf.shape, leaf.dtype, getattr(leaf, "weak_type", False), _placement(leaf.sharding))
 
 
@@ -352,8 +357,7 @@ def _typed(leaf: Any, sharding: Any) -> tuple[jax.ShapeDtypeStruct, bool]:
     by its abstract value and sharding (`_TYPED`)."""
     if len(_TYPED) >= _MAX_SPECS:  # types that keep changing (a dynamic model): start again
         _TYPED.clear()
-    spec = _array_spec(leaf.shape, leaf.dtype, leaf.weak_type, _placement(sharding))
-    return _TYPED.setdefault((leaf.aval, sharding), (spec, type(sharding) is not _jax_core.SINGLE_DEVICE))
+    return _TYPED.setdefault((leaf.aval, sharding), (_live_array_spec(leaf), type(sharding) is not _jax_core.SINGLE_DEVICE))
 
 
 _TYPED: dict = {}
