@@ -351,6 +351,21 @@ def test_a_timeout_still_bounds_the_optimum_from_below(mlp_trace):
     assert rushed.baseline_cost < rushed.bound <= optimum.total_cost + 1e-6
 
 
+def test_a_bound_that_reaches_stop_at_bound_ends_the_solve(mlp_trace):
+    """A caller with a schedule good enough by a bound stops the solver there
+    (the planner passes its incumbent over the factor it accepts): the result
+    is a timeout whose bound reached the stop and still bounds the optimum,
+    with no MILP built; a stop above every bound changes nothing."""
+    optimum = jdtr.optimal(mlp_trace, 0.7, rel_gap=0.0)
+    assert optimum.status == "optimal" and optimum.total_cost > optimum.baseline_cost  # the budget forces work
+    stopped = jdtr.optimal(mlp_trace, 0.7, rel_gap=0.0, stop_at_bound=optimum.baseline_cost)
+    assert stopped.status == "timeout" and "stop_at_bound" in stopped.message
+    assert optimum.baseline_cost <= stopped.bound <= optimum.total_cost + 1e-6
+    assert stopped.variables == 0
+    unreached = jdtr.optimal(mlp_trace, 0.7, rel_gap=0.0, stop_at_bound=10 * optimum.total_cost)
+    assert unreached.status == "optimal" and unreached.total_cost == pytest.approx(optimum.total_cost)
+
+
 def test_graph_of_views_and_multi_output_calls():
     trace = Trace([
         Constant("w", 4),

@@ -21,7 +21,7 @@ from budgets import biting
 from jdtr import models
 from jdtr.offline import Compute
 from jdtr.transform import chunks as chunks_module
-from jdtr.transform import slack
+from jdtr.transform import slack, xla_options
 from jdtr.transform.chunks import Chunk, compiled_chunks, cut
 from jdtr.transform.executor import Execution, slot_avals
 from jdtr.transform.caches import MAX_PLANS_PER_TRACE, MAX_TRACES_PER_FUNCTION
@@ -122,27 +122,33 @@ def test_every_chunk_fits_the_budget_by_xlas_memory_analysis(name, ratio):
             assert peak == chunk.peak_bytes <= stats.budget_bytes
 
 
+def planned_line(model, ratio):
+    """A model's plan at `ratio` (run once step by step), the abstract values
+    of its line's slots, and the run's stats."""
+    f = jdtr.grad(model.loss, budget=ratio, return_stats=True, chunks="never")
+    _, stats = f(model.params, model.batch)
+    traced = next(iter(f.cache.values()))
+    (plan,) = traced.plans.values()
+    return plan, slot_avals(plan.line, traced.program), stats
+
+
 def test_a_chunk_xla_makes_too_large_is_halved_where_it_is_too_large(monkeypatch):
     """XLA's excess over the plan is local: a chunk that holds one culprit
     computation (here XLA is made to report a budget's worth of temporaries
     for any program that contains it) is halved, and only the halves that
     hold it again, until it runs alone; the rest stays in long chunks."""
-    model = MODELS["mlp"]()
-    f = jdtr.grad(model.loss, budget=1.0, return_stats=True, chunks="never")
-    _, stats = f(model.params, model.batch)
-    traced = next(iter(f.cache.values()))
-    (plan,) = traced.plans.values()
-    avals = slot_avals(plan.line, traced.program)
+    plan, avals, stats = planned_line(MODELS["mlp"](), 1.0)
     whole = [item for item in cut(plan.line, avals, stats.budget_bytes) if isinstance(item, Chunk)]
     computes = [step for step in plan.line.steps if isinstance(step, Compute)]
     culprit = computes[len(computes) // 3]
-    real = chunks_module._compiled
+    real = chunks_module._compile_all
 
-    def reporting(steps, *rest):
-        call, (out, alias, temp) = real(steps, *rest)
-        return call, (out, alias, temp + (stats.budget_bytes if any(s is culprit for s in steps) else 0))
+    def reporting(layouts, avals):
+        found = real(layouts, avals)
+        guilty = {layout.key for layout in layouts if any(s is culprit for s in layout.steps)}
+        return {key: (call, (out, alias, temp + (stats.budget_bytes if key in guilty else 0))) for key, (call, (out, alias, temp)) in found.items()}
 
-    monkeypatch.setattr(chunks_module, "_compiled", reporting)
+    monkeypatch.setattr(chunks_module, "_compile_all", reporting)
     items = cut(plan.line, avals, stats.budget_bytes)
     chunks = [item for item in items if isinstance(item, Chunk)]
     (alone,) = [c for c in chunks if any(s is culprit for s in c.steps)]
@@ -152,6 +158,60 @@ def test_a_chunk_xla_makes_too_large_is_halved_where_it_is_too_large(monkeypatch
     levels = int(np.ceil(np.log2(len(computes))))
     assert len(whole) < len(chunks) <= len(whole) + 2 * levels + chunks_module.MIN_HALVED
     assert [s for c in chunks for s in c.steps] == computes
+
+
+def test_chunks_compiled_side_by_side_are_those_compiled_one_by_one(monkeypatch):
+    """A wave of chunks compiles in threads: the chunks (their steps, wiring,
+    frees and XLA's peaks) are those a compile one at a time gives, each
+    distinct program is compiled once even where a wave holds it twice
+    (repeated layers), and every compilation gets jdtr's compiler options."""
+    plan, avals, stats = planned_line(MODELS["mlp"](), 0.5)
+    asked = []
+    compile_real = jax.stages.Lowered.compile
+
+    def compile_recorded(self, compiler_options=None):
+        asked.append(compiler_options)
+        return compile_real(self, compiler_options)
+
+    monkeypatch.setattr(jax.stages.Lowered, "compile", compile_recorded)
+
+    def shape(items):
+        return [
+            (item.steps, item.inputs, item.outputs, item.frees, item.resident_bytes, item.peak_bytes)
+            if isinstance(item, Chunk) else item
+            for item in items
+        ]
+
+    runs = {}
+    for threads in (4, 1):
+        monkeypatch.setattr(chunks_module, "COMPILE_THREADS", threads)
+        chunks_module.clear_chunk_cache()
+        asked.clear()
+        items = cut(plan.line, avals, stats.budget_bytes)
+        runs[threads] = (shape(items), len(asked), compiled_chunks())
+        assert asked and all(options == (xla_options.compiler_options() or None) for options in asked)
+    assert runs[4] == runs[1]
+    shapes, compiles, cached = runs[4]
+    assert compiles == cached, "a program compiled twice"
+    programs = [item for item in cut(plan.line, avals, stats.budget_bytes) if isinstance(item, Chunk) and len(item.steps) > 1]
+    assert len({id(c.call) for c in programs}) < len(programs), "no chunk repeated: nothing shown"
+
+
+def test_jdtrs_own_programs_ask_the_cpu_for_its_older_faster_compiling_emitters(monkeypatch):
+    """On the CPU, jdtr's executables and chunks are compiled without XLA's
+    fusion emitters (same run time, a third less compile time,
+    docs/benchmarks.md); unless the caller set the flag, or XLA has no
+    such flag."""
+    monkeypatch.setattr(xla_options, "_CHOSEN", None)
+    expected = {"xla_cpu_use_fusion_emitters": False} if jax.default_backend() == "cpu" else {}
+    assert xla_options.compiler_options() == expected
+    monkeypatch.setattr(xla_options, "_CHOSEN", None)
+    monkeypatch.setenv("XLA_FLAGS", "--xla_cpu_use_fusion_emitters=true")
+    assert xla_options.compiler_options() == {}
+    monkeypatch.setattr(xla_options, "_CHOSEN", None)
+    monkeypatch.delenv("XLA_FLAGS")
+    monkeypatch.setattr(xla_options, "CPU_OPTIONS", {"xla_no_such_flag_at_all": True})
+    assert xla_options.compiler_options() == {}
 
 
 def test_a_chunk_holds_at_most_max_chunk_equations(monkeypatch):

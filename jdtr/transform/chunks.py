@@ -30,9 +30,11 @@ recursive model in another tree — compile once, across calls and budgets.
 
 from __future__ import annotations
 
+import os
 import threading
 import warnings
 from collections import OrderedDict
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Callable, Hashable, Optional, Sequence, Union
 
@@ -40,6 +42,7 @@ import jax
 
 from ..offline import Compute, Free, Read, StraightLine
 from .program import Value
+from .xla_options import compiler_options
 
 # Compiled chunks kept, least recently used first out.
 MAX_COMPILED_CHUNKS = 1024
@@ -185,32 +188,71 @@ def _split(line: StraightLine, span: _Span) -> list[_Span]:
 
 def cut(line: StraightLine, avals: Sequence[Any], budget_bytes: float) -> list[Item]:
     """The plan as chunks and deletes, each chunk compiled (or taken from the
-    cache) and within the budget by XLA's analysis."""
+    cache) and within the budget by XLA's analysis.
+
+    Chunks are compiled in waves: every span of the cut at once, then the
+    halves of those XLA made too large, and so on. A wave's distinct programs
+    compile side by side (`COMPILE_THREADS`): XLA releases the GIL while it
+    compiles, and a wave of a transformer's plan is dozens of programs of
+    0.05-0.7 s each."""
     resident = line.resident_before()
     freed_at = {step.slot: t for t, step in enumerate(line.steps) if type(step) is Free}
-    items: list[Item] = []
-    pending = list(reversed(_spans(line, budget_bytes, resident)))
-    while pending:
-        span = pending.pop()
-        if not isinstance(span, _Span):
-            items.append(span)
-            continue
-        # Frees done before the span that the plan's count at its start still holds.
-        gone = sum(line.sizes[s] for s in span.hoisted if freed_at[s] >= span.start)
-        chunk = _chunk(line, avals, span, resident[span.start] - gone)
-        if chunk.peak_bytes > budget_bytes:
-            parts = _split(line, span)
-            if parts:
-                pending.extend(reversed(parts))
+    items: list[Union[Item, _Span]] = list(_spans(line, budget_bytes, resident))
+    while True:
+        spans = [item for item in items if type(item) is _Span]
+        if not spans:
+            return items  # type: ignore[return-value]  (no span left)
+        layouts = {}
+        for span in spans:
+            # Frees done before the span that the plan's count at its start still holds.
+            gone = sum(line.sizes[s] for s in span.hoisted if freed_at[s] >= span.start)
+            layouts[span] = _layout(line, avals, span, resident[span.start] - gone)
+        compiled = _compile_all([layout for layout in layouts.values() if layout.key is not None], avals)
+        following: list[Union[Item, _Span]] = []
+        for item in items:
+            if type(item) is not _Span:
+                following.append(item)
                 continue
-        items.append(chunk)
-    return items
+            chunk = layouts[item].chunk(compiled)
+            parts = _split(line, item) if chunk.peak_bytes > budget_bytes else []
+            following.extend(parts if parts else [chunk])
+        items = following
 
 
 # ---------------------------------------------------------------- one chunk
 
 
-def _chunk(line: StraightLine, avals: Sequence[Any], span: _Span, resident_bytes: int) -> Chunk:
+@dataclass(eq=False)
+class _Layout:
+    """A span's chunk before it is compiled: its computations and how they
+    are wired (`key`: its program's content, None for a single computation,
+    which runs as its own executable)."""
+
+    steps: tuple[Compute, ...]
+    inputs: tuple[int, ...]
+    outputs: tuple[int, ...]
+    frees: tuple[int, ...]
+    resident_bytes: int
+    key: Optional[Hashable]
+    alone_peak_bytes: int = 0  # a single computation's peak, by the plan's exact count
+    donated: tuple[int, ...] = ()
+    output_bytes: int = 0
+    wiring: tuple[tuple[int, ...], ...] = ()
+    out_refs: tuple[int, ...] = ()
+    out_shardings: tuple[Any, ...] = ()
+
+    def chunk(self, compiled: dict[Hashable, tuple[Callable, tuple[int, int, int]]]) -> Chunk:
+        if self.key is None:
+            step = self.steps[0]
+            return Chunk(self.steps, self.inputs, self.outputs, self.frees, self.resident_bytes, step.payload.fn, self.alone_peak_bytes)
+        call, (out, alias, temps) = compiled[self.key]
+        peak = self.resident_bytes + out - alias + temps
+        return Chunk(self.steps, self.inputs, self.outputs, self.frees, self.resident_bytes, call, peak)
+
+
+def _layout(line: StraightLine, avals: Sequence[Any], span: _Span, resident_bytes: int) -> _Layout:
+    """The span's chunk, but for its program: its computations, the slots
+    it reads and keeps, the inputs it frees (donated to it) and its key."""
     steps, frees, produced, dead = [], [], set(), set()
     inputs: dict[int, None] = {}
     for step in line.steps[span.start : span.end]:
@@ -226,55 +268,74 @@ def _chunk(line: StraightLine, avals: Sequence[Any], span: _Span, resident_bytes
                 inputs.setdefault(slot, None)
         produced.update(step.outputs)
     outputs = tuple(s for step in steps for s in step.outputs if s not in dead)
-    freed = set(frees)
     if len(steps) == 1:  # its own executable, which returns every output: the dead ones are deleted after
         step = steps[0]
         peak = resident_bytes + sum(line.sizes[s] for s in step.outputs) + step.workspace
         frees += [s for s in step.outputs if s in dead]
-        return Chunk(tuple(steps), tuple(step.inputs), step.outputs, tuple(frees), resident_bytes, step.payload.fn, peak)
+        return _Layout(tuple(steps), tuple(step.inputs), step.outputs, tuple(frees), resident_bytes, None, alone_peak_bytes=peak)
     inputs_t = tuple(inputs)
+    freed = set(frees)
     donated = tuple(k for k, slot in enumerate(inputs_t) if slot in freed)
-    call, analysis = _compiled(steps, inputs_t, outputs, donated, avals, sum(line.sizes[s] for s in outputs))
-    peak = resident_bytes + analysis[0] - analysis[1] + analysis[2]
-    return Chunk(tuple(steps), inputs_t, outputs, tuple(frees), resident_bytes, call, peak)
-
-
-# key -> (the compiled program, (output, alias, temporary) bytes, the executables, code bytes)
-_COMPILED: "OrderedDict[Hashable, tuple[Callable, tuple[int, int, int], tuple, int]]" = OrderedDict()
-_LOCK = threading.Lock()
-
-
-def _compiled(
-    steps: Sequence[Compute],
-    inputs: tuple[int, ...],
-    outputs: tuple[int, ...],
-    donated: tuple[int, ...],
-    avals: Sequence[Any],
-    output_bytes: int,
-) -> tuple[Callable, tuple[int, int, int]]:
-    """The compiled program of a chunk and (output, alias, temporary) bytes
-    by XLA's analysis; cached by content."""
-    position = {slot: k for k, slot in enumerate(inputs)}
+    position = {slot: k for k, slot in enumerate(inputs_t)}
     wiring = []
     for step in steps:
         wiring.append(tuple(position[s] for s in step.inputs))
         for slot in step.outputs:
             position[slot] = len(position)
     out_refs = tuple(position[s] for s in outputs)
-    executables = tuple(step.payload.executable for step in steps)
-    in_types = tuple((tuple(avals[s].shape), str(avals[s].dtype), bool(avals[s].weak_type), _sharding(avals[s])) for s in inputs)
+    in_types = tuple((tuple(avals[s].shape), str(avals[s].dtype), bool(avals[s].weak_type), _sharding(avals[s])) for s in inputs_t)
     # On a mesh, a chunk's outputs keep the shardings its equations give them
     # (the plan counted their bytes per device by those): XLA would otherwise
     # choose for the chunk as a whole, and could replicate what was sharded.
     out_shardings = tuple(_sharding(avals[s]) for s in outputs)
-    sharded = any(x is not None for x in out_shardings) or any(t[3] is not None for t in in_types)
-    key = (tuple(map(id, executables)), tuple(wiring), out_refs, donated, in_types, out_shardings)
+    key = (tuple(id(step.payload.executable) for step in steps), tuple(wiring), out_refs, donated, in_types, out_shardings)
+    output_bytes = sum(line.sizes[s] for s in outputs)
+    return _Layout(
+        tuple(steps), inputs_t, outputs, tuple(frees), resident_bytes, key,
+        donated=donated, output_bytes=output_bytes, wiring=tuple(wiring), out_refs=out_refs, out_shardings=out_shardings,
+    )
+
+
+# key -> (the compiled program, (output, alias, temporary) bytes, the executables, code bytes)
+_COMPILED: "OrderedDict[Hashable, tuple[Callable, tuple[int, int, int], tuple, int]]" = OrderedDict()
+_LOCK = threading.Lock()
+# Chunk programs compiled side by side, at most. XLA on the CPU already uses
+# both of 2 cores for part of a compile: there, second calls are about 10%
+# shorter with threads (docs/benchmarks.md, "Compiling jdtr's own programs").
+COMPILE_THREADS = max(1, min(8, os.cpu_count() or 1))
+
+
+def _compile_all(layouts: Sequence[_Layout], avals: Sequence[Any]) -> dict[Hashable, tuple[Callable, tuple[int, int, int]]]:
+    """Each layout's compiled program and (output, alias, temporary) bytes by
+    XLA's analysis: from the cache, else compiled, each distinct program
+    once, side by side."""
+    found: dict[Hashable, tuple[Callable, tuple[int, int, int]]] = {}
+    missing: dict[Hashable, _Layout] = {}
     with _LOCK:
-        found = _COMPILED.get(key)
-        if found is not None:
-            _COMPILED.move_to_end(key)
-            return found[0], found[1]
-    traces = tuple(step.payload.trace for step in steps)
+        for layout in layouts:
+            entry = _COMPILED.get(layout.key)
+            if entry is not None:
+                _COMPILED.move_to_end(layout.key)
+                found[layout.key] = (entry[0], entry[1])
+            else:
+                missing.setdefault(layout.key, layout)
+    # Lowered here, one by one: lowering is Python (tracing) and holds the
+    # GIL, and `warnings.catch_warnings` is not safe across threads.
+    lowered = [(layout, _lower(layout, avals)) for layout in missing.values()]
+    options = compiler_options() or None
+    if len(lowered) > 1 and COMPILE_THREADS > 1:
+        with ThreadPoolExecutor(min(COMPILE_THREADS, len(lowered))) as pool:
+            programs = list(pool.map(lambda pair: pair[1].compile(options), lowered))
+    else:
+        programs = [low.compile(options) for _, low in lowered]
+    for (layout, _), compiled in zip(lowered, programs):
+        found[layout.key] = _keep(layout, compiled)
+    return found
+
+
+def _lower(layout: _Layout, avals: Sequence[Any]) -> Any:
+    traces = tuple(step.payload.trace for step in layout.steps)
+    wiring, out_refs = layout.wiring, layout.out_refs
 
     def program(*args):
         env = list(args)
@@ -284,18 +345,23 @@ def _compiled(
 
     structs = [
         jax.ShapeDtypeStruct(avals[s].shape, avals[s].dtype, weak_type=avals[s].weak_type, sharding=_sharding(avals[s]))
-        for s in inputs
+        for s in layout.inputs
     ]
-    options = dict(out_shardings=out_shardings) if sharded else {}
+    sharded = any(x is not None for x in layout.out_shardings) or any(_sharding(avals[s]) is not None for s in layout.inputs)
+    options = dict(out_shardings=layout.out_shardings) if sharded else {}
     with warnings.catch_warnings():
         # Donated inputs XLA cannot reuse for an output are only deleted after
         # the chunk: as planned, so JAX's warning about them says nothing new.
         warnings.filterwarnings("ignore", message="Some donated buffers were not usable")
-        compiled = jax.jit(program, donate_argnums=donated, **options).lower(*structs).compile()
+        return jax.jit(program, donate_argnums=layout.donated, **options).lower(*structs)
+
+
+def _keep(layout: _Layout, compiled: Any) -> tuple[Callable, tuple[int, int, int]]:
+    """A compiled chunk's (output, alias, temporary) bytes, cached with it."""
     analysis = compiled.memory_analysis()
     code = 0
     if analysis is None:  # no analysis: count every output and no temporaries
-        sizes = (output_bytes, 0, 0)
+        sizes = (layout.output_bytes, 0, 0)
     else:
         sizes = (
             int(analysis.output_size_in_bytes),
@@ -303,9 +369,10 @@ def _compiled(
             max(int(analysis.temp_size_in_bytes), 0),
         )
         code = max(int(getattr(analysis, "generated_code_size_in_bytes", 0) or 0), 0)
+    executables = tuple(step.payload.executable for step in layout.steps)
     with _LOCK:
         # The executables stay referenced with the entry: their ids in the key stay theirs.
-        _COMPILED[key] = (compiled, sizes, executables, code)
+        _COMPILED[layout.key] = (compiled, sizes, executables, code)
         while len(_COMPILED) > MAX_COMPILED_CHUNKS:
             _COMPILED.popitem(last=False)
     return compiled, sizes

@@ -26,6 +26,7 @@ import numpy as np
 
 from . import _jax_core
 from .program import Const, Cond, Equation, Program
+from .xla_options import compiler_options
 
 
 @dataclass
@@ -77,7 +78,8 @@ def executable(
         if found is not None:
             return found
     impl = build()
-    fn = jax.jit(impl) if out_shardings is None else jax.jit(impl, out_shardings=out_shardings)
+    options = dict(compiler_options=compiler_options() or None)
+    fn = jax.jit(impl, **options) if out_shardings is None else jax.jit(impl, out_shardings=out_shardings, **options)
     if multiple_results:
         call = lambda *args: list(fn(*args))  # noqa: E731
         trace = lambda *args: list(impl(*args))  # noqa: E731

@@ -22,6 +22,7 @@ def refine(
     node_limit: Optional[int] = None,
     max_rounds: Optional[int] = None,
     priced: bool = True,
+    stop_at: float = math.inf,
 ) -> tuple[float, Optional[Scheduled], int, int]:
     """Tighten the interval relaxation where its schedules show it wrong.
 
@@ -33,8 +34,9 @@ def refine(
     fit, the nodes of the stage that overflows and their inputs — then
     solves again. Every round's bound is a bound and every schedule a
     schedule, so the best of each is kept. It stops when a schedule meets
-    the bound, when there is nothing left to refine, at `deadline`
-    (`time.perf_counter()` seconds), or after `max_rounds`. `node_limit`
+    the bound, when there is nothing left to refine, when the bound reaches
+    `stop_at`, at `deadline` (`time.perf_counter()` seconds), or after
+    `max_rounds`. `node_limit`
     bounds each of HiGHS's branch-and-bound searches; `priced` also solves
     the relaxation that prices recomputation inputs for schedules.
 
@@ -47,7 +49,7 @@ def refine(
     def remaining() -> Optional[float]:
         return None if deadline is None else deadline - time.perf_counter()
 
-    while best is None or best.cost > bound * (1 + rel_gap):
+    while (best is None or best.cost > bound * (1 + rel_gap)) and bound < stop_at:
         wanted = _missed_by(graph, decisions, schedules) - refined
         left = remaining()
         if not wanted or (left is not None and left <= 0) or (max_rounds is not None and rounds >= max_rounds):

@@ -117,6 +117,7 @@ def optimal(
     node_limit: Optional[int] = None,
     max_rounds: Optional[int] = None,
     priced: bool = True,
+    stop_at_bound: Optional[float] = None,
 ) -> OptimalResult:
     """The least total compute of any rematerialization schedule of `trace` under `budget`.
 
@@ -187,6 +188,12 @@ def optimal(
       max_rounds: rounds of refinement at most (None: no limit).
       priced: also solve, for schedules, the relaxation that prices what
         recomputing needs (often a cheaper schedule; often most of the time).
+      stop_at_bound: stop refining (and skip the MILP) once the lower bound
+        on the total compute reaches this: a caller holding a schedule that
+        costs C, content with one within a factor f of the optimum, passes
+        C / f, and once the bound reaches it no schedule can be better by
+        that factor. The result's status is then "timeout", with the bound
+        and the best schedule found (None: no limit).
 
     Returns:
       An `OptimalResult`. Infeasible budgets and timeouts are results, not errors.
@@ -256,6 +263,9 @@ def optimal(
     relaxed = intervals.bound
     if relaxed == math.inf:
         return result("infeasible", "no schedule fits: some step's values alone exceed the budget")
+    stop_at = math.inf if stop_at_bound is None else float(stop_at_bound)
+    if relaxed >= stop_at:
+        return result("timeout", f"the interval relaxation's bound {relaxed:.6g} reached stop_at_bound", bound=relaxed)
     # The relaxation's decisions, run as a schedule: where that schedule
     # costs no more than the relaxation's bound, it is optimal, and the
     # large MILP is not needed; else it is a schedule the MILP must beat.
@@ -286,7 +296,7 @@ def optimal(
         share = 0.8 if solve_milp else 1.0
         limit = None if time_limit is None else time.perf_counter() + share * max(time_limit, 0.0)
         relaxed, realized, rounds, refined = refine(
-            graph, budget_bytes, intervals, schedules, realized, limit, rel_gap, node_limit, max_rounds, priced
+            graph, budget_bytes, intervals, schedules, realized, limit, rel_gap, node_limit, max_rounds, priced, stop_at
         )
         if relaxed == math.inf:
             return result("infeasible", "no schedule fits: the refined relaxation has no solution")
@@ -296,6 +306,8 @@ def optimal(
                 "optimal", f"the refined relaxation's bound proves a schedule optimal ({done})", realized,
                 min(relaxed, realized.cost),
             )
+        if relaxed >= stop_at:
+            return result("timeout", f"the refined relaxation's bound {relaxed:.6g} reached stop_at_bound ({done})", realized, relaxed)
         if not solve_milp:
             why = "method='relaxation'" if method == "relaxation" else (
                 f"Checkmate's MILP would have {binaries:,} binaries (more than {MILP_MAX_BINARIES:,}): not built"
