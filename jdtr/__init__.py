@@ -30,6 +30,7 @@ from .transform import cache_info as cache_info
 from .transform import clear_caches as clear_caches
 from .transform import Plan as Plan
 from .transform import PolicyWarning as PolicyWarning
+from .transform import OverBudgetWarning as OverBudgetWarning
 from .transform import AllocatorWarning as AllocatorWarning
 from .transform import RooflineCostModel as RooflineCostModel
 from .transform import SavePolicy as SavePolicy
@@ -55,6 +56,7 @@ __all__ = [
     "ThrashWarning",
     "Plan",
     "PolicyWarning",
+    "OverBudgetWarning",
     "AllocatorWarning",
     "RooflineCostModel",
     "SavePolicy",

@@ -27,6 +27,7 @@ from .normalize import normalize as normalize
 from .checkpoint_plan import Plan as Plan
 from .allocator import AllocatorWarning as AllocatorWarning
 from .checkpoint_plan import PolicyWarning as PolicyWarning
+from .plan_search import OverBudgetWarning as OverBudgetWarning
 from .gradients import trace as trace
 from .program import Program as Program
 from .remat import plan as plan
@@ -40,6 +41,7 @@ __all__ = [
     "OpInfo",
     "Plan",
     "PolicyWarning",
+    "OverBudgetWarning",
     "AllocatorWarning",
     "Program",
     "RooflineCostModel",

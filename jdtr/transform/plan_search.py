@@ -24,13 +24,30 @@ from .program import Equation, Value
 from .segments import LEFT_NESTED_MAX, nested_left, predicted_bytes, segments, uniform_leaves
 
 # XLA's buffer assignment is not fully predictable from the plan: a plan
-# whose compiled step exceeds the budget by at most this fraction is accepted;
-# beyond it, `plan` raises `OutOfBudgetError`.
+# whose compiled step exceeds the budget by at most this fraction is accepted,
+# with an `OverBudgetWarning`; beyond it, `plan` raises `OutOfBudgetError`.
 PLAN_SLACK = 0.10
 # Where the plan for a smaller target is one already measured, the target
 # shrinks by this factor, at most this many times, before the search gives up.
 REPEAT_SHRINK = 0.9
 MAX_REPEATS = 3
+
+
+class OverBudgetWarning(UserWarning):
+    """`jdtr.plan` / `remat_grad` found no plan whose compiled step fits the
+    budget and kept one over it by at most `PLAN_SLACK` (the message says by
+    how much, and the budget it does fit)."""
+
+
+def over_budget_message(plan: Plan, target: float) -> str:
+    """What an `OverBudgetWarning` says of `plan`, over `target` bytes."""
+    over = plan.compiled_bytes / target - 1
+    return (
+        f"jdtr.plan: no plan found compiles within the budget of {format_bytes(int(target))}; the smallest kept "
+        f"compiles to {format_bytes(plan.compiled_bytes)} ({over:.1%} over, within the planner's "
+        f"{PLAN_SLACK:.0%} slack for XLA's buffer assignment). A budget of {plan.compiled_bytes} bytes is kept by "
+        "this plan; where the budget is the device's memory, the step may not fit."
+    )
 
 
 class _Rematerialized(Observer):

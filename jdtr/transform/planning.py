@@ -47,7 +47,7 @@ from .checkpoint_plan import Plan, layout
 from .compiled import compile_all, compiled_bytes, lower
 from .devices import DeviceScale, device_scale, is_sharded, placed_scale, placements, unsharded
 from .lowering import simulation
-from .plan_search import PLAN_SLACK, PlanSearch, search_simulated_budget  # noqa: F401 - PLAN_SLACK: documented here
+from .plan_search import PLAN_SLACK, OverBudgetWarning, PlanSearch, over_budget_message, search_simulated_budget  # noqa: F401 - PLAN_SLACK: documented here
 from .normalize import normalize
 from .program import Program, Value
 from .scans import STRATEGIES, KeptScan, ScanMemory, ScanStrategy, kept_scans, scan_memory, with_strategy
@@ -356,6 +356,8 @@ def make_plan(
             raise min(measured, key=lambda s: s.best.compiled_bytes, default=searches[-1]).error()
         search = slack[0]
         planning, chosen = search.planning, search.best_within_slack()
+        if chosen.compiled_bytes > target:
+            warnings.warn(over_budget_message(chosen, target), OverBudgetWarning, stacklevel=3)
     if autotune is False:
         return chosen
     if jax.process_count() > 1:

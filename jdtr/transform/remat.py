@@ -57,6 +57,10 @@ def plan(
         `PLAN_SLACK`, 10%, of XLA's buffer assignment); the message says how
         much the smallest plan found needs.
 
+    Warns:
+      OverBudgetWarning: where the plan kept is over the budget, within
+        `PLAN_SLACK`: by how much, and the bytes it keeps.
+
     Returns:
       A `Plan`: `plan.grad`, `plan.value_and_grad`, `plan.policy`,
       `plan.segments`, `plan.report()`.
