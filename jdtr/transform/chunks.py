@@ -240,6 +240,7 @@ class _Layout:
     wiring: tuple[tuple[int, ...], ...] = ()
     out_refs: tuple[int, ...] = ()
     out_shardings: tuple[Any, ...] = ()
+    sharded: bool = False  # an input or output on a mesh: its outputs' shardings are fixed
 
     def chunk(self, compiled: dict[Hashable, tuple[Callable, tuple[int, int, int]]]) -> Chunk:
         if self.key is None:
@@ -293,6 +294,7 @@ def _layout(line: StraightLine, avals: Sequence[Any], span: _Span, resident_byte
     return _Layout(
         tuple(steps), inputs_t, outputs, tuple(frees), resident_bytes, key,
         donated=donated, output_bytes=output_bytes, wiring=tuple(wiring), out_refs=out_refs, out_shardings=out_shardings,
+        sharded=any(x is not None for x in out_shardings) or any(t[3] is not None for t in in_types),
     )
 
 
@@ -347,8 +349,7 @@ def _lower(layout: _Layout, avals: Sequence[Any]) -> Any:
         jax.ShapeDtypeStruct(avals[s].shape, avals[s].dtype, weak_type=avals[s].weak_type, sharding=_sharding(avals[s]))
         for s in layout.inputs
     ]
-    sharded = any(x is not None for x in layout.out_shardings) or any(_sharding(avals[s]) is not None for s in layout.inputs)
-    options = dict(out_shardings=layout.out_shardings) if sharded else {}
+    options = dict(out_shardings=layout.out_shardings) if layout.sharded else {}
     with warnings.catch_warnings():
         # Donated inputs XLA cannot reuse for an output are only deleted after
         # the chunk: as planned, so JAX's warning about them says nothing new.

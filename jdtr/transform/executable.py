@@ -78,8 +78,10 @@ def executable(
         if found is not None:
             return found
     impl = build()
-    options = dict(compiler_options=compiler_options() or None)
-    fn = jax.jit(impl, **options) if out_shardings is None else jax.jit(impl, out_shardings=out_shardings, **options)
+    options: dict[str, Any] = {"compiler_options": compiler_options() or None}
+    if out_shardings is not None:
+        options["out_shardings"] = out_shardings
+    fn = jax.jit(impl, **options)
     if multiple_results:
         call = lambda *args: list(fn(*args))  # noqa: E731
         trace = lambda *args: list(impl(*args))  # noqa: E731

@@ -280,7 +280,7 @@ class _Simulation:
         )
         if enough is not None and solved.bound is not None and solved.bound >= enough and solved.stages is None:
             cut = replace(reference, status="thrash", overhead=None, heuristic=OPTIMAL, error=None,
-                          message=f"within {OPTIMAL_WORTH_ABOVE}x of the optimum's bound {solved.bound / max(sum(graph.costs), 1e-12):.4f}")
+                          message=f"within {OPTIMAL_WORTH_ABOVE}x of the optimum's bound {solved.bound / max(solved.baseline_cost, 1e-12):.4f}")
             return cut, Counters(), None
         staged = None
         if solved.stages is not None:

@@ -7,9 +7,10 @@ dozen chunks. On the CPU, XLA's fusion emitters (its default in JAX 0.10;
 JAX 0.6 still used the older ones) take 1.5-2x as long to compile a small
 elementwise program as its older emitters (a tanh over 128K floats: 48 ms
 against 27 ms), and the chunks of a transformer's plan 25-40% longer, for
-the same run time (docs/benchmarks.md, "Compiling jdtr's own programs"). So on the CPU jdtr asks for the older
-emitters, for its own programs only: the caller's `jax.jit` programs, and
-those `remat_grad` measures, keep XLA's defaults.
+the same run time (docs/benchmarks.md, "Compiling jdtr's own programs").
+So on the CPU jdtr asks for the older emitters, for its own programs only:
+the caller's `jax.jit` programs, and those `remat_grad` measures, keep
+XLA's defaults.
 
 Where the caller sets the flag in `XLA_FLAGS`, theirs stands. Where this
 XLA does not know the flag (it is a debug option, and may go), nothing is
