@@ -24,6 +24,8 @@ import pytest
 import jdtr
 from jdtr import models
 
+from budgets import biting_plan
+
 # The plan is checked against XLA's own memory analysis; XLA's buffer
 # assignment is not fully predictable, so a plan may exceed by this much.
 SLACK = 0.10
@@ -665,7 +667,7 @@ def test_planning_reuses_work_across_budgets_and_does_not_keep_the_function_aliv
     x = jax.random.normal(jax.random.PRNGKey(1), (512, 64))
     loss = tanh_chain(12)
     first = jdtr.plan(loss, w, x, budget=0.7, autotune=False)
-    second = jdtr.plan(loss, w, x, budget=0.5, autotune=False)
+    second = biting_plan(loss, w, x, fraction=0.5, autotune=False)
     assert second.program is first.program  # traced once
     (entries,) = [e for f, e in cpn.planning_cache.items() if f is loss]
     (planning,) = entries.values()

@@ -13,8 +13,9 @@ the caller's `jax.jit` programs, and those `remat_grad` measures, keep
 XLA's defaults.
 
 Where the caller sets the flag in `XLA_FLAGS`, theirs stands. Where this
-XLA does not know the flag (it is a debug option, and may go), nothing is
-asked: a program compiled once without it decides.
+XLA does not know the flag (it is a debug option, and JAX 0.11.2's XLA has
+dropped it: "No such compile option"), nothing is asked: a program compiled
+once with it decides.
 """
 
 from __future__ import annotations
