@@ -160,6 +160,31 @@ def test_a_chunk_xla_makes_too_large_is_halved_where_it_is_too_large(monkeypatch
     assert [s for c in chunks for s in c.steps] == computes
 
 
+@pytest.mark.parametrize("name", ["transformer", "resnet"])
+def test_a_chunk_is_halved_where_fewest_values_cross(name):
+    """A span too large for XLA is cut before the computation of its middle
+    half after which the fewest values are read again (each one is an
+    output of one part and an input of the next: an array more to dispatch).
+    Counted here by brute force, apart from the cut's own count; on these
+    plans the cut chosen is strictly narrower than the midpoint's."""
+    plan, _, _ = planned_line(MODELS[name](), 1.0)
+    steps = plan.line.steps
+    span = chunks_module._Span(0, len(steps))
+    computes = [t for t, step in enumerate(steps) if isinstance(step, Compute)]
+
+    def crossing(c):
+        before = {s for t in range(0, c) if isinstance(steps[t], Compute) for s in (*steps[t].inputs, *steps[t].outputs)}
+        after = {s for t in range(c, len(steps)) if isinstance(steps[t], Compute) for s in steps[t].inputs}
+        return len(before & after)
+
+    first, second = chunks_module._split(plan.line, span)
+    n = len(computes)
+    window = computes[n // 4 : n - n // 4]
+    assert first.start == 0 and first.end == second.start and second.end == len(steps) and first.end in window
+    assert crossing(first.end) == min(crossing(c) for c in window)
+    assert crossing(first.end) < crossing(computes[n // 2])
+
+
 def test_chunks_compiled_side_by_side_are_those_compiled_one_by_one(monkeypatch):
     """A wave of chunks compiles in threads: the chunks (their steps, wiring,
     frees and XLA's peaks) are those a compile one at a time gives, each
