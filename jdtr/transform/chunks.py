@@ -36,6 +36,7 @@ import warnings
 from collections import OrderedDict
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from itertools import accumulate
 from typing import Any, Callable, Hashable, Optional, Sequence, Union
 
 import jax
@@ -195,8 +196,8 @@ def _narrowest(line: StraightLine, span: _Span, candidates: Sequence[int], middl
     part and an input of the second, an array more a call: a dispatch's cost
     on the host grows with its arrays (a transformer's chunk of 256
     computations with 104 arrays in and out: 0.3 ms to dispatch on the CPU,
-    longer than its step on a GPU). Ties go to the one nearest `middle`:
-    halves, fewest halvings."""
+    where `jax.jit` runs that transformer's whole step in 1.3 ms on an H200).
+    Ties go to the one nearest `middle`: halves, fewest halvings."""
     crossing = [0] * (span.end - span.start + 1)
     first: dict[int, int] = {}
     last: dict[int, int] = {}
@@ -213,11 +214,8 @@ def _narrowest(line: StraightLine, span: _Span, candidates: Sequence[int], middl
         if first[slot] < t:  # crosses a cut anywhere in (first, last]
             crossing[first[slot] + 1 - span.start] += 1
             crossing[t + 1 - span.start] -= 1
-    open_at, running = {}, 0
-    for k, delta in enumerate(crossing):
-        running += delta
-        open_at[span.start + k] = running
-    return min(candidates, key=lambda t: (open_at[t], abs(t - middle)))
+    crossing_at = list(accumulate(crossing))  # values crossing a cut before each step of the span
+    return min(candidates, key=lambda t: (crossing_at[t - span.start], abs(t - middle)))
 
 
 def cut(line: StraightLine, avals: Sequence[Any], budget_bytes: float) -> list[Item]:
