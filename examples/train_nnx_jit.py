@@ -102,8 +102,6 @@ def main(argv=None) -> float:
         if step == 1 or step % max(args.steps // 5, 1) == 0:
             print(f"step {step}: loss {loss:.4f}")
     budget = parse_budget(budget).resolve(plain)
-    # (`jdtr.plan` accepts a step up to 10% over the budget, XLA's buffer
-    # assignment being only partly predictable: PLAN_SLACK.)
     print(
         f"compiled gradient step {format_bytes(planned)}, {planned / budget:.2f} of the budget {format_bytes(budget)} "
         f"(jax.grad {format_bytes(plain)}); max |jdtr - nnx.grad| = {error:.2e}; final loss {loss:.4f}"

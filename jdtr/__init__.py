@@ -30,10 +30,10 @@ from .transform import cache_info as cache_info
 from .transform import clear_caches as clear_caches
 from .transform import Plan as Plan
 from .transform import PolicyWarning as PolicyWarning
-from .transform import OverBudgetWarning as OverBudgetWarning
 from .transform import AllocatorWarning as AllocatorWarning
 from .transform import RooflineCostModel as RooflineCostModel
 from .transform import SavePolicy as SavePolicy
+from .transform import SlowPlanWarning as SlowPlanWarning
 from .transform import grad as grad
 from .transform import plan as plan
 from .transform import remat_grad as remat_grad
@@ -56,11 +56,11 @@ __all__ = [
     "ThrashWarning",
     "Plan",
     "PolicyWarning",
-    "OverBudgetWarning",
     "AllocatorWarning",
     "RooflineCostModel",
     "SavePolicy",
     "SimResult",
+    "SlowPlanWarning",
     "Stats",
     "Trace",
     "TraceRecorder",

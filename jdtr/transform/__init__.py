@@ -27,7 +27,7 @@ from .normalize import normalize as normalize
 from .checkpoint_plan import Plan as Plan
 from .allocator import AllocatorWarning as AllocatorWarning
 from .checkpoint_plan import PolicyWarning as PolicyWarning
-from .plan_search import OverBudgetWarning as OverBudgetWarning
+from .plan_search import SlowPlanWarning as SlowPlanWarning
 from .gradients import trace as trace
 from .program import Program as Program
 from .remat import plan as plan
@@ -41,12 +41,12 @@ __all__ = [
     "OpInfo",
     "Plan",
     "PolicyWarning",
-    "OverBudgetWarning",
     "AllocatorWarning",
     "Program",
     "RooflineCostModel",
     "SavePolicy",
     "Segment",
+    "SlowPlanWarning",
     "cache_info",
     "clear_caches",
     "grad",

@@ -47,7 +47,7 @@ from .checkpoint_plan import Plan, layout
 from .compiled import compile_all, compiled_bytes, lower
 from .devices import DeviceScale, device_scale, is_sharded, placed_scale, placements, unsharded
 from .lowering import simulation
-from .plan_search import PLAN_SLACK, OverBudgetWarning, PlanSearch, over_budget_message, search_simulated_budget  # noqa: F401 - PLAN_SLACK: documented here
+from .plan_search import PlanSearch, SlowPlanWarning, search_simulated_budget
 from .normalize import normalize
 from .program import Program, Value
 from .scans import STRATEGIES, KeptScan, ScanMemory, ScanStrategy, kept_scans, scan_memory, with_strategy
@@ -182,6 +182,7 @@ class Planning:
     unconstrained: int
     simulations: dict = dataclasses.field(default_factory=dict)
     executables: dict = dataclasses.field(default_factory=dict)
+    measured: dict = dataclasses.field(default_factory=dict)  # layout -> the plan with XLA's bytes, every search's
     strategy: ScanStrategy = ScanStrategy()  # how its kept scans run (`scans.py`)
     kept_scans: tuple[KeptScan, ...] = ()
     strategies: dict = dataclasses.field(default_factory=dict)  # the same step under other scan strategies
@@ -346,18 +347,17 @@ def make_plan(
         chosen = search.run(max_attempts)
         if chosen is not None:
             break
-    else:  # none within the budget: the first within the slack
-        slack = [s for s in searches if s.within_slack()]
-        if not slack:
-            # Said by the search whose smallest plan is smallest (a scan kept
-            # under one strategy may fit where the unrolled program, tried
-            # last, compiles to more than no remat at all).
-            measured = [s for s in searches if s.best is not None]
-            raise min(measured, key=lambda s: s.best.compiled_bytes, default=searches[-1]).error()
-        search = slack[0]
-        planning, chosen = search.planning, search.best_within_slack()
-        if chosen.compiled_bytes > target:
-            warnings.warn(over_budget_message(chosen, target), OverBudgetWarning, stacklevel=3)
+    else:
+        # No plan fits: said by the search whose smallest plan is smallest (a
+        # scan kept under one strategy may fit where the unrolled program,
+        # tried last, compiles to more than no remat at all), with that
+        # plan's bytes as the budget to ask for (a call at it finds the plan:
+        # `PlanSearch._measured_before`).
+        measured = [s for s in searches if s.best is not None]
+        raise min(measured, key=lambda s: s.best.compiled_bytes, default=searches[-1]).error()
+    slow = search.slow_plan_message(chosen)
+    if slow is not None:
+        warnings.warn(slow, SlowPlanWarning, stacklevel=3)
     if autotune is False:
         return chosen
     if jax.process_count() > 1:

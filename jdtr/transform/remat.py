@@ -53,13 +53,10 @@ def plan(
         inputs (PRNG key arguments) the cost model decides; True then warns.
 
     Raises:
-      OutOfBudgetError: if no plan's compiled step fits the budget (within
-        `PLAN_SLACK`, 10%, of XLA's buffer assignment); the message says how
-        much the smallest plan found needs.
-
-    Warns:
-      OverBudgetWarning: where the plan kept is over the budget, within
-        `PLAN_SLACK`: by how much, and the bytes it keeps.
+      OutOfBudgetError: if no plan's compiled step fits the budget. Its
+        `suggested_budget_bytes` (and message) are the smallest plan found's
+        compiled bytes: planning the same function again at that budget
+        finds that plan.
 
     Returns:
       A `Plan`: `plan.grad`, `plan.value_and_grad`, `plan.policy`,
