@@ -751,3 +751,41 @@ def test_a_vgg_like_cnn_plans_within_the_budget_with_jax_grads():
     plan = jdtr.plan(m.loss, m.params, m.batch, budget=0.8, autotune=False)
     assert plan.segments and plan.compiled_bytes <= plan.budget_bytes, plan.report()
     assert_trees_close(jax.jit(plan.grad)(m.params, m.batch), reference, rtol=1e-4, atol=1e-6)
+
+
+WARM_CACHE = textwrap.dedent(
+    """
+    import jax
+    import jdtr
+    from jdtr import models
+    m = models.mlp_chain(layers=32, width=64, batch=2048)
+    plan = jdtr.plan(m.loss, m.params, m.batch, budget=0.5, autotune=False)
+    _, stats = jdtr.grad(m.loss, budget=0.5, chunks="always", return_stats=True)(m.params, m.batch)
+    _, stats = jdtr.grad(m.loss, budget=0.5, chunks="always", return_stats=True)(m.params, m.batch)
+    print(plan.unconstrained_compiled_bytes, plan.compiled_bytes, len(plan.segments), stats.execution, stats.chunks,
+          stats.peak_bytes, stats.budget_bytes)
+    """
+)
+
+
+def test_plans_and_chunks_are_the_same_with_jaxs_persistent_compilation_cache_warm(tmp_path):
+    """Users turn on JAX's persistent compilation cache: an executable read
+    back from it must give jdtr the same `memory_analysis()`, so a plan and a
+    chunked run made with a warm cache are the ones made cold, and the warm
+    run compiles nothing new."""
+    env = dict(
+        os.environ, JAX_COMPILATION_CACHE_DIR=str(tmp_path), JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0",
+        JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES="-1", JAX_PLATFORMS="cpu",
+    )
+
+    def run():
+        result = subprocess.run([sys.executable, "-c", WARM_CACHE], env=env, capture_output=True, text=True, timeout=600)
+        assert result.returncode == 0, result.stderr[-3000:]
+        return result.stdout.split()
+
+    cold = run()
+    entries = set(os.listdir(tmp_path))
+    warm = run()
+    assert len(entries) > 10 and set(os.listdir(tmp_path)) == entries  # every program read back, none compiled anew
+    assert warm == cold and cold[3] == "chunks", (cold, warm)
+    assert int(cold[1]) <= 0.5 * int(cold[0]) and int(cold[5]) <= int(cold[6])
