@@ -147,7 +147,7 @@ def test_nested_segments_carry_integer_values():
     one-hot indices) between levels: explicit inputs, not closed over, since
     an inner segment's backward is traced after its parent's trace ends."""
     m = model("transformer")
-    plan = biting_plan(m.loss, m.params, m.batch, fraction=0.25, autotune=False)
+    plan = biting_plan(m.loss, m.params, m.batch, fraction=0.3, autotune=False)
     assert max(segment.depth for segment in plan.segments) > 1, plan.report()
     inner = [v for s in plan.segments for c in s.children for v in c.inputs]
     assert any(not jnp.issubdtype(v.dtype, jnp.inexact) for v in inner)
@@ -720,7 +720,7 @@ def test_where_the_search_finds_none_it_takes_the_fitting_plan_measured_before()
         return SimpleNamespace(gate=gate, compiled_bytes=nbytes, segments=(segment,))
 
     search = PlanSearch.__new__(PlanSearch)
-    search.target, search.tried = 1000, set()
+    search.target = 1000
     plans = [plan("cond", 990), plan("inputs", 940), plan("auto", 960), plan("auto", 1001)]
     search.planning = SimpleNamespace(measured={layout(p): p for p in plans})
     search.tried = {layout(p) for p in plans}  # measured by this search: returned as recorded

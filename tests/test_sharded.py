@@ -4,7 +4,9 @@ On 8 CPU devices, in a subprocess (the rest of the suite keeps one device):
 a data-parallel mesh and a 2x4 data/model mesh, budgets 1.0, 0.5 and 0.3 of
 `jax.jit(jax.grad)`'s bytes per device, with activations dominating. The
 plan's compiled bytes are XLA's per device for the partitioned step
-(`memory_analysis()`), and must be within the budget; gradients equal `jax.grad`'s, with its shardings.
+(`memory_analysis()`), and must be within the budget (or, where no plan
+fits a fraction, within the budget the planner suggests); gradients equal
+`jax.grad`'s, with its shardings.
 """
 
 from __future__ import annotations
