@@ -1,8 +1,9 @@
 """jdtr.plan / remat_grad: DTR's decisions compiled as checkpoint segments.
 
 Gradients must equal jax.grad (also under jit and vmap); XLA's compiled
-memory (arguments + outputs + temporaries) must stay within the budget,
-within a stated slack; the policy must work with jax.checkpoint.
+memory (arguments + outputs + temporaries) must stay within the budget, or
+planning raises with a budget that works; the policy must work with
+jax.checkpoint.
 """
 
 from __future__ import annotations
@@ -302,9 +303,9 @@ def test_autotune_runs_no_copy_of_the_arguments_beside_the_budget(monkeypatch):
     budget = 0.5
     concrete = jdtr.plan(loss, w, x, budget=budget)
     assert len(concrete.timings) >= 1
-    # (The cost model's own plan is within the budget, not just its slack:
-    # where a smaller target gave a plan measured before, the search asks for
-    # less still, `plan_search.MAX_REPEATS`; it had stopped at 1.03x.)
+    # (The cost model's own plan is within the budget: where a smaller target
+    # gave a plan measured before, the search asks for less still,
+    # `plan_search.MAX_REPEATS`; it had stopped at 1.03x.)
     untuned = jdtr.plan(loss, w, x, budget=budget, autotune=False)
     assert untuned.compiled_bytes <= untuned.budget_bytes
     assert all(t.compiled_bytes + copy > concrete.budget_bytes for t in concrete.timings)
@@ -741,8 +742,7 @@ def test_where_the_search_finds_none_it_takes_the_fitting_plan_measured_before()
 def test_a_vgg_like_cnn_plans_within_the_budget_with_jax_grads():
     """`models.plain_cnn` with max pools (the conv benchmark's VGG-like net):
     its pools are entries without arrays among the layers, kept through
-    `jax.checkpoint` segments; a plan keeps the budget (within the slack)
-    and gives `jax.grad`'s gradients."""
+    `jax.checkpoint` segments; a plan keeps the budget and gives `jax.grad`'s gradients."""
     m = jdtr.models.plain_cnn(layers=4, channels=8, image=16, batch=4, pools=(1,))
     assert [None if isinstance(p, tuple) else p.shape[-1] for p in m.params["convs"]] == [8, 8, None, 16, 16]
     reference = jax.grad(m.loss)(m.params, m.batch)

@@ -4,9 +4,10 @@
 `search_simulated_budget` bisects the simulated budget for the largest plan
 whose predicted memory fits a target; `PlanSearch` compiles such plans and,
 where XLA needs more than predicted, plans for proportionally less, until
-one fits, or, where none does, takes the largest plan that fits among
-those measured for the same step by earlier searches (another budget's), or
-says, in `error`, what the smallest found needs. A planning
+one fits, or, where none does, takes the plan that fits among those
+measured for the same step, by it (a cond-gated fallback) or by earlier
+searches at other budgets (`_measured_before`), or says, in `error`, what
+the smallest found needs. A planning
 (`planning.Planning`: the traced programs, the simulations and the compiled
 candidates of one step) is what they search.
 """
