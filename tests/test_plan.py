@@ -458,6 +458,54 @@ def test_vmap_plans_the_batched_step_within_the_budget(in_axes):
     assert_trees_close(grads, expected[1], rtol=1e-4, atol=1e-6)
 
 
+def test_vmap_of_per_example_gradients_of_shared_parameters_fits_a_budget_of_one():
+    """Per-example gradients of shared parameters (`in_axes=(None, 0)`),
+    where they dominate the step: at 1.0 `vmap(jax.grad)` itself fits and
+    runs (planned with a copy of the parameters per example as arguments,
+    the step raised); below what the arguments and gradients take, the
+    error says so in those terms."""
+    keys = jax.random.split(jax.random.PRNGKey(0), 5)
+    params = [jax.random.normal(k, (64, 64)) / 8 for k in keys[:4]]
+    xs = jax.random.normal(keys[-1], (64, 16, 64))
+
+    def loss(params, x):
+        for w in params:
+            x = jnp.tanh(x @ w)
+        return jnp.sum(x**2)
+
+    plain = jax.vmap(jax.grad(loss), in_axes=(None, 0))
+    planned = jax.vmap(jdtr.remat_grad(loss, budget=1.0), in_axes=(None, 0))
+    assert compiled_total(planned, params, xs) <= compiled_total(plain, params, xs)
+    assert_trees_close(jax.jit(planned)(params, xs), jax.jit(plain)(params, xs))
+    gradients = 4 * 64 * 64 * 64 * 4  # one copy of the parameters' gradients per example
+    with pytest.raises(jdtr.OutOfBudgetError, match="arguments and gradients alone") as caught:
+        jax.jit(jax.vmap(jdtr.remat_grad(loss, budget=0.5), in_axes=(None, 0)))(params, xs)
+    assert caught.value.needed_bytes > gradients > caught.value.budget_bytes
+
+
+def test_vmap_where_no_plan_fits_suggests_a_budget_the_batched_call_runs_at():
+    """Shared parameters, activations dominating: where no plan's batched
+    step fits, the error's suggestion is a budget at which the batched call
+    plans and compiles within it, with `vmap(jax.grad)`'s gradients."""
+    keys = jax.random.split(jax.random.PRNGKey(0), 9)
+    params = [jax.random.normal(k, (64, 64)) / 8 for k in keys[:8]]
+    xs = jax.random.normal(keys[-1], (16, 512, 64))
+
+    def loss(params, x):
+        for w in params:
+            x = jnp.tanh(x @ w)
+        return jnp.mean(x**2)
+
+    plain = jax.vmap(jax.grad(loss), in_axes=(None, 0))
+    with pytest.raises(jdtr.OutOfBudgetError) as caught:
+        jax.jit(jax.vmap(jdtr.remat_grad(loss, budget=0.4, autotune=False), in_axes=(None, 0)))(params, xs)
+    suggested = caught.value.suggested_budget_bytes
+    assert suggested is not None and "under vmap" in str(caught.value)
+    planned = jax.vmap(jdtr.remat_grad(loss, budget=suggested, autotune=False), in_axes=(None, 0))
+    assert compiled_total(planned, params, xs) <= suggested < compiled_total(plain, params, xs)
+    assert_trees_close(jax.jit(planned)(params, xs), jax.jit(plain)(params, xs), rtol=1e-4, atol=1e-6)
+
+
 def test_report_lists_segments_and_totals():
     plan = plan_of("mlp", 0.5)
     text = plan.report()

@@ -29,6 +29,15 @@ def _compiled_and_bytes(compiled: Any) -> tuple[Any, int]:
     return compiled, int(nbytes - analysis.alias_size_in_bytes)
 
 
+def compiled_sizes(fn: Callable, specs: Sequence) -> tuple[int, int]:
+    """XLA's bytes for `fn` compiled for these shapes: all of them, and its
+    arguments and outputs alone (0 where the backend does not report)."""
+    compiled = lower(fn, specs).compile()
+    analysis = compiled.memory_analysis()
+    fixed = 0 if analysis is None else analysis.argument_size_in_bytes + analysis.output_size_in_bytes
+    return _compiled_and_bytes(compiled)[1], int(fixed - (analysis.alias_size_in_bytes if analysis else 0))
+
+
 def compiled_bytes(fn: Callable, specs: Sequence) -> int:
     """XLA's argument + output + temporary bytes for `fn` compiled for these shapes."""
     return _compiled_and_bytes(lower(fn, specs).compile())[1]

@@ -1,0 +1,105 @@
+"""`jax.vmap(jdtr.remat_grad(loss, budget=B))`: the batched step against its budget.
+
+Per-example gradients of shared parameters (`in_axes=(None, 0)`) and an
+ensemble (`in_axes=(0, 0)`), on tanh MLPs where the per-example gradients
+dominate the step and where activations do. For each budget (a fraction
+of `vmap(jax.grad)`'s compiled bytes): the jitted batched step's XLA bytes
+over `vmap(jax.grad)`'s and over the budget, its step time over
+`vmap(jax.grad)`'s (medians of interleaved runs), the largest difference
+from its gradients, the seconds planning took; or, where planning raises,
+what the error says. Run it on two commits (PYTHONPATH=<checkout>) to
+compare.
+
+    python benchmarks/vmap_budget.py
+"""
+
+from __future__ import annotations
+
+import argparse
+import platform
+import statistics
+import time
+import warnings
+
+import jax
+import jax.numpy as jnp
+
+import jdtr
+
+
+def compiled_total(fn, *args) -> int:
+    a = jax.jit(fn).lower(*args).compile().memory_analysis()
+    return a.argument_size_in_bytes + a.output_size_in_bytes + a.temp_size_in_bytes - a.alias_size_in_bytes
+
+
+def tanh_mlp(layers: int, width: int, examples: int, rows: int, ensemble: bool):
+    keys = jax.random.split(jax.random.PRNGKey(0), layers + 1)
+    params = [jax.random.normal(k, (width, width)) / width**0.5 for k in keys[:layers]]
+    if ensemble:
+        params = [jnp.stack([w * (1 + 0.01 * i) for i in range(examples)]) for w in params]
+    xs = jax.random.normal(keys[-1], (examples, rows, width))
+
+    def loss(params, x):
+        for w in params:
+            x = jnp.tanh(x @ w)
+        return jnp.mean(x**2)
+
+    return loss, (params, xs), ((0, 0) if ensemble else (None, 0))
+
+
+MODELS = {
+    "per-example gradients dominate: 4x128, 64 examples of 32 rows": dict(layers=4, width=128, examples=64, rows=32, ensemble=False),
+    "activations dominate: 8x64, 16 examples of 512 rows": dict(layers=8, width=64, examples=16, rows=512, ensemble=False),
+    "ensemble: 8x64, 16 members, 512 rows": dict(layers=8, width=64, examples=16, rows=512, ensemble=True),
+}
+
+
+def median_seconds(fns, args, repeats: int) -> list[float]:
+    for fn in fns:
+        jax.block_until_ready(fn(*args))
+    times = [[] for _ in fns]
+    for _ in range(repeats):
+        for fn, t in zip(fns, times):
+            start = time.perf_counter()
+            jax.block_until_ready(fn(*args))
+            t.append(time.perf_counter() - start)
+    return [statistics.median(t) for t in times]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--ratios", type=float, nargs="+", default=[1.0, 0.7, 0.5])
+    parser.add_argument("--repeats", type=int, default=7)
+    args = parser.parse_args()
+    print(f"JAX {jax.__version__} on {jax.devices()[0].platform}; {platform.processor() or platform.machine()}")
+    print("| model | budget | bytes / vmap(jax.grad)'s | bytes / budget | step / vmap(jax.grad)'s | max error | planning s |")
+    print("|---|---|---|---|---|---|---|")
+    for name, config in MODELS.items():
+        loss, example, in_axes = tanh_mlp(**config)
+        plain = jax.vmap(jax.grad(loss), in_axes=in_axes)
+        full = compiled_total(plain, *example)
+        reference = jax.jit(plain)(*example)
+        for ratio in args.ratios:
+            planned = jax.vmap(jdtr.remat_grad(loss, budget=ratio, autotune=False), in_axes=in_axes)
+            start = time.perf_counter()
+            try:
+                with warnings.catch_warnings():
+                    warnings.simplefilter("ignore")
+                    got = jax.jit(planned)(*example)
+            except jdtr.OutOfBudgetError as error:
+                suggested = error.suggested_budget_bytes
+                said = f"raises: {str(error).split(':')[0][:60]}..."
+                if suggested:
+                    said += f" suggests {suggested / full:.3f}"
+                print(f"| {name} | {ratio} | {said} | | | | {time.perf_counter() - start:.1f} |")
+                continue
+            seconds = time.perf_counter() - start
+            nbytes = compiled_total(planned, *example)
+            error = max(float(jnp.max(jnp.abs(a - b))) for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(reference)))
+            mine, theirs = median_seconds([jax.jit(planned), jax.jit(plain)], example, args.repeats)
+            print(f"| {name} | {ratio} | {nbytes / full:.3f} | {nbytes / (ratio * full):.3f} | {mine / theirs:.2f} "
+                  f"| {error:.1e} | {seconds:.1f} |", flush=True)
+
+
+if __name__ == "__main__":
+    main()
