@@ -42,6 +42,11 @@ CALL_PRIMITIVES = {
 }
 
 
+# Calls whose derivative is a rule of their own: inlined into a program that
+# JAX differentiates again, the rule would be lost (`normalize`'s `keep_custom`).
+CUSTOM_DERIVATIVES = frozenset({"custom_jvp_call", "custom_vjp_call", "custom_vjp_call_jaxpr"})
+
+
 class SourceLine:
     """The user's source line of an equation, e.g. 'model.py:12 (layer)', as
     its `str`, found when first shown. Finding it walks the equation's

@@ -2,7 +2,11 @@
 
 - Calls (`jit`, `custom_jvp_call`, `custom_vjp_call`, `remat`, ...) are
   inlined: DTR must see the tensors inside them, and a user's `remat` is
-  subsumed by DTR's own decisions.
+  subsumed by DTR's own decisions. A forward program that JAX will
+  differentiate again (the compiled path's, `keep_custom`) keeps each call
+  with a custom derivative as one equation instead: inlined, its rule
+  would be lost (a straight-through estimator's gradient, `jax.nn.relu`'s
+  at 0), and bound as it is, JAX applies the rule.
 - `scan` with a static trip count is unrolled into per-iteration equations.
   The stacked outputs (`ys`) stay a lazy list of per-iteration values, and a
   later scan that iterates over them reads the items directly, so a model
@@ -56,8 +60,10 @@ class _Normalizer:
         sharded: bool = False,
         hints: Optional[dict[int, Any]] = None,
         inline_manual: bool = False,
+        keep_custom: bool = False,
     ):
         self.next_id = 0
+        self.keep_custom = keep_custom  # calls with custom derivatives stay one equation
         self.inline_manual = inline_manual  # a `shard_map`'s body inlined (`manual.py`)
         self.cost_model = cost_model
         self.keep_scans = keep_scans
@@ -170,7 +176,7 @@ class _Normalizer:
         """A kept scan's cost: its body's, once per iteration."""
         if self.cost_model == MEASURED:
             return None
-        body = normalize(layout.body, self.cost_model, keep_scans=True)
+        body = normalize(layout.body, self.cost_model, keep_scans=True, keep_custom=self.keep_custom)
         return float(layout.length) * max(body.simulated_cost(), 1.0)
 
     def cost(self, exe: Executable, name: str, params: dict, args: Sequence[Any], outputs: Sequence[Any], nbytes=None, times: int = 1):
@@ -253,7 +259,7 @@ class _Normalizer:
 
     def equation(self, body: list[Item], env: dict, eqn: Any) -> None:
         name = eqn.primitive.name
-        call = _jax_core.call_body(eqn)
+        call = None if self.keep_custom and name in _jax_core.CUSTOM_DERIVATIVES else _jax_core.call_body(eqn)
         if call is not None:
             inner, consts = call
             outs = self.inline(body, inner, consts, [self.lazy(env, a) for a in eqn.invars])
@@ -427,6 +433,7 @@ def normalize(
     keep_scans: bool = False,
     shardings: Optional[Sequence[Any]] = None,
     inline_manual: bool = False,
+    keep_custom: bool = False,
 ) -> Program:
     """The `Program` of a closed jaxpr: inputs are its invars, in order.
 
@@ -435,19 +442,22 @@ def normalize(
     `shardings` (per input; None for one on a single device), the program
     runs over their mesh: every value has the sharding XLA gives it and its
     bytes on one device (`Value.nbytes`), so budgets and peaks are per device;
-    `inline_manual` inlines there the bodies of `shard_map`s (`manual.py`)."""
+    `inline_manual` inlines there the bodies of `shard_map`s (`manual.py`).
+    With `keep_custom`, a call with a custom derivative stays one equation."""
     placed = [spread(s) for s in shardings] if shardings is not None else []
     sharded = any(s is not None for s in placed)
-    program, n = _normalized(closed_jaxpr, cost_model, keep_scans, placed, sharded, None, inline_manual)
+    options = (keep_scans, placed, sharded)
+    program, n = _normalized(closed_jaxpr, cost_model, *options, None, inline_manual, keep_custom)
     if n.found:  # made again, its floating values sharded as they are met (ids are the same)
-        program, _ = _normalized(closed_jaxpr, cost_model, keep_scans, placed, sharded, n.found, inline_manual)
+        program, _ = _normalized(closed_jaxpr, cost_model, *options, n.found, inline_manual, keep_custom)
     return program
 
 
 def _normalized(
-    closed_jaxpr: Any, cost_model: CostModel, keep_scans: bool, placed: list, sharded: bool, hints, inline_manual: bool
+    closed_jaxpr: Any, cost_model: CostModel, keep_scans: bool, placed: list, sharded: bool, hints, inline_manual: bool,
+    keep_custom: bool,
 ) -> Any:
-    n = _Normalizer(cost_model, keep_scans, sharded, hints, inline_manual)
+    n = _Normalizer(cost_model, keep_scans, sharded, hints, inline_manual, keep_custom)
     if isinstance(closed_jaxpr, _jax_core.ClosedJaxpr):
         closed_jaxpr = _jax_core.without_dead_code(closed_jaxpr)
     jaxpr, consts = _jax_core.open_jaxpr(closed_jaxpr)

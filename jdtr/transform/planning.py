@@ -87,7 +87,8 @@ class Config:
 def _forward_program(fun: Callable, arguments: Arguments) -> tuple[Any, Program, Any]:
     """The forward function's jaxpr and normalised program (scans kept); inputs are the traced leaves."""
     closed, out_shape = jax.make_jaxpr(arguments.bind(fun), return_shape=True)(*arguments.traced_specs)
-    program = normalize(closed, keep_scans=True, shardings=placements(arguments.traced_specs))
+    # (JAX differentiates it again: calls with custom derivatives stay whole.)
+    program = normalize(closed, keep_scans=True, shardings=placements(arguments.traced_specs), keep_custom=True)
     return closed, program, jax.tree_util.tree_structure(out_shape)
 
 
@@ -219,7 +220,7 @@ class Planning:
             return
         yield from (self.under(strategy) for strategy in STRATEGIES)
         if "unrolled" not in self.strategies:
-            forward = normalize(self.traced, shardings=placements(self.config.arguments.traced_specs))
+            forward = normalize(self.traced, shardings=placements(self.config.arguments.traced_specs), keep_custom=True)
             vg = _value_and_grad_program(self.config, forward)
             self.strategies["unrolled"] = Planning(self.config, forward, vg, self.unconstrained, scale=self.scale)
         yield self.strategies["unrolled"]
@@ -338,7 +339,7 @@ def make_plan(
     target = budget_spec.resolve(unconstrained)
     if unconstrained <= target:
         # `jax.grad` itself fits: nothing to recompute, and no plan is faster.
-        return _without_remat(base, target, heuristic)
+        return _without_remat(base, target, heuristic, fun)
     # Kept scans: the strategies in turn, least recompute first, until one fits.
     searches: list[PlanSearch] = []
     for planning in base.scan_levels():
@@ -418,8 +419,8 @@ def make_plan(
     return dataclasses.replace(fitting[fastest][0], timings=timings)
 
 
-def _without_remat(planning: Planning, target: float, heuristic) -> Plan:
-    """The plan that recomputes nothing: `jax.grad`'s own step (no segments)."""
+def _without_remat(planning: Planning, target: float, heuristic, fun: Callable) -> Plan:
+    """The plan that recomputes nothing: `jax.grad`'s own step (no segments), of `fun` itself."""
     sim_peak = planning.vg.unconstrained_peak()
     simulated = run(planning.workload, max(sim_peak, 1), heuristic)
     return Plan(
@@ -433,6 +434,7 @@ def _without_remat(planning: Planning, target: float, heuristic) -> Plan:
         unconstrained_compiled_bytes=planning.unconstrained,
         predicted_bytes=planning.unconstrained,
         origin="none",
+        function=fun,
     )
 
 
