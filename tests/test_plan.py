@@ -477,6 +477,14 @@ def test_vmap_of_per_example_gradients_of_shared_parameters_fits_a_budget_of_one
     planned = jax.vmap(jdtr.remat_grad(loss, budget=1.0), in_axes=(None, 0))
     assert compiled_total(planned, params, xs) <= compiled_total(plain, params, xs)
     assert_trees_close(jax.jit(planned)(params, xs), jax.jit(plain)(params, xs))
+    # The same through `remat_value_and_grad` with aux: values, aux and gradients as vmap's.
+    def with_aux(params, x):
+        return loss(params, x), {"first": x[0, 0]}
+
+    got = jax.jit(jax.vmap(jdtr.remat_value_and_grad(with_aux, has_aux=True, budget=1.0), in_axes=(None, 0)))(params, xs)
+    expected = jax.jit(jax.vmap(jax.value_and_grad(with_aux, has_aux=True), in_axes=(None, 0)))(params, xs)
+    assert jax.tree_util.tree_structure(got) == jax.tree_util.tree_structure(expected)
+    assert_trees_close(got, expected, rtol=1e-4, atol=1e-6)
     gradients = 4 * 64 * 64 * 64 * 4  # one copy of the parameters' gradients per example
     with pytest.raises(jdtr.OutOfBudgetError, match="arguments and gradients alone") as caught:
         jax.jit(jax.vmap(jdtr.remat_grad(loss, budget=0.5), in_axes=(None, 0)))(params, xs)
