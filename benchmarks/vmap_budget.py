@@ -16,8 +16,7 @@ compare.
 from __future__ import annotations
 
 import argparse
-import platform
-import statistics
+import sys
 import time
 import warnings
 
@@ -26,10 +25,10 @@ import jax.numpy as jnp
 
 import jdtr
 
-
-def compiled_total(fn, *args) -> int:
-    a = jax.jit(fn).lower(*args).compile().memory_analysis()
-    return a.argument_size_in_bytes + a.output_size_in_bytes + a.temp_size_in_bytes - a.alias_size_in_bytes
+sys.path.insert(0, __file__.rsplit("/", 1)[0])
+from conv_benchmark import steps  # noqa: E402
+from grad_benchmark import machine  # noqa: E402
+from remat_benchmark import compiled  # noqa: E402
 
 
 def tanh_mlp(layers: int, width: int, examples: int, rows: int, ensemble: bool):
@@ -54,30 +53,18 @@ MODELS = {
 }
 
 
-def median_seconds(fns, args, repeats: int) -> list[float]:
-    for fn in fns:
-        jax.block_until_ready(fn(*args))
-    times = [[] for _ in fns]
-    for _ in range(repeats):
-        for fn, t in zip(fns, times):
-            start = time.perf_counter()
-            jax.block_until_ready(fn(*args))
-            t.append(time.perf_counter() - start)
-    return [statistics.median(t) for t in times]
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--ratios", type=float, nargs="+", default=[1.0, 0.7, 0.5])
     parser.add_argument("--repeats", type=int, default=7)
     args = parser.parse_args()
-    print(f"JAX {jax.__version__} on {jax.devices()[0].platform}; {platform.processor() or platform.machine()}")
+    print(machine())
     print("| model | budget | bytes / vmap(jax.grad)'s | bytes / budget | step / vmap(jax.grad)'s | max error | planning s |")
     print("|---|---|---|---|---|---|---|")
     for name, config in MODELS.items():
         loss, example, in_axes = tanh_mlp(**config)
         plain = jax.vmap(jax.grad(loss), in_axes=in_axes)
-        full = compiled_total(plain, *example)
+        full = compiled(plain, example)[1]
         reference = jax.jit(plain)(*example)
         for ratio in args.ratios:
             planned = jax.vmap(jdtr.remat_grad(loss, budget=ratio, autotune=False), in_axes=in_axes)
@@ -94,9 +81,9 @@ def main() -> None:
                 print(f"| {name} | {ratio} | {said} | | | | {time.perf_counter() - start:.1f} |")
                 continue
             seconds = time.perf_counter() - start
-            nbytes = compiled_total(planned, *example)
+            nbytes = compiled(planned, example)[1]
             error = max(float(jnp.max(jnp.abs(a - b))) for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(reference)))
-            mine, theirs = median_seconds([jax.jit(planned), jax.jit(plain)], example, args.repeats)
+            mine, theirs = steps([jax.jit(planned), jax.jit(plain)], example, args.repeats)
             print(f"| {name} | {ratio} | {nbytes / full:.3f} | {nbytes / (ratio * full):.3f} | {mine / theirs:.2f} "
                   f"| {error:.1e} | {seconds:.1f} |", flush=True)
 

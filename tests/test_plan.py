@@ -458,20 +458,29 @@ def test_vmap_plans_the_batched_step_within_the_budget(in_axes):
     assert_trees_close(grads, expected[1], rtol=1e-4, atol=1e-6)
 
 
+def tanh_layers(params, x):
+    for w in params:
+        x = jnp.tanh(x @ w)
+    return x
+
+
+def shared_tanh_mlp(layers, examples, rows, width=64):
+    """Weights of `layers` tanh layers, shared by `examples` inputs of `rows` rows each."""
+    keys = jax.random.split(jax.random.PRNGKey(0), layers + 1)
+    params = [jax.random.normal(k, (width, width)) / 8 for k in keys[:layers]]
+    return params, jax.random.normal(keys[-1], (examples, rows, width))
+
+
 def test_vmap_of_per_example_gradients_of_shared_parameters_fits_a_budget_of_one():
     """Per-example gradients of shared parameters (`in_axes=(None, 0)`),
     where they dominate the step: at 1.0 `vmap(jax.grad)` itself fits and
     runs (planned with a copy of the parameters per example as arguments,
     the step raised); below what the arguments and gradients take, the
     error says so in those terms."""
-    keys = jax.random.split(jax.random.PRNGKey(0), 5)
-    params = [jax.random.normal(k, (64, 64)) / 8 for k in keys[:4]]
-    xs = jax.random.normal(keys[-1], (64, 16, 64))
+    params, xs = shared_tanh_mlp(layers=4, examples=64, rows=16)
 
     def loss(params, x):
-        for w in params:
-            x = jnp.tanh(x @ w)
-        return jnp.sum(x**2)
+        return jnp.sum(tanh_layers(params, x) ** 2)
 
     plain = jax.vmap(jax.grad(loss), in_axes=(None, 0))
     planned = jax.vmap(jdtr.remat_grad(loss, budget=1.0), in_axes=(None, 0))
@@ -495,14 +504,10 @@ def test_vmap_where_no_plan_fits_suggests_a_budget_the_batched_call_runs_at():
     """Shared parameters, activations dominating: where no plan's batched
     step fits, the error's suggestion is a budget at which the batched call
     plans and compiles within it, with `vmap(jax.grad)`'s gradients."""
-    keys = jax.random.split(jax.random.PRNGKey(0), 9)
-    params = [jax.random.normal(k, (64, 64)) / 8 for k in keys[:8]]
-    xs = jax.random.normal(keys[-1], (16, 512, 64))
+    params, xs = shared_tanh_mlp(layers=8, examples=16, rows=512)
 
     def loss(params, x):
-        for w in params:
-            x = jnp.tanh(x @ w)
-        return jnp.mean(x**2)
+        return jnp.mean(tanh_layers(params, x) ** 2)
 
     plain = jax.vmap(jax.grad(loss), in_axes=(None, 0))
     with pytest.raises(jdtr.OutOfBudgetError) as caught:

@@ -25,7 +25,6 @@ from typing import Any, Callable, Optional, Sequence
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 from jax.custom_batching import custom_vmap
 
 from ..budget import parse_budget
@@ -145,7 +144,7 @@ def _plan_batched(
     if fixed >= target:
         raise arguments_exceed(fixed, target, unconstrained)
     ys = tuple(_copies(xs, in_batched, diff, axis_size))
-    copies = sum((axis_size - 1) * _nbytes(x) for i, x in enumerate(xs) if i in diff and not in_batched[i])
+    copies = sum((axis_size - 1) * _jax_core.aval_nbytes(specs[i]) for i in diff if not in_batched[i])
 
     def plan_at(budget: int, autotune: Optional[bool]) -> Plan:
         return make_plan(total, ys, {}, budget, tuple(diff), True, remat.heuristic, remat.implementation, autotune)
@@ -182,10 +181,6 @@ def _plan_batched(
         f"{format_bytes(unconstrained)}, {format_bytes(fixed)} of it arguments and outputs.",
     )
     raise error.suggest(smallest, "compiling the batched step of that plan (XLA's bytes)")
-
-
-def _nbytes(x: Any) -> int:
-    return int(np.prod(jnp.shape(x), dtype=np.int64)) * jnp.result_type(x).itemsize
 
 
 def _gradients_as_arguments(remat: Any, arguments: Arguments, diff, grads) -> Any:
