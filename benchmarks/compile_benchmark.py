@@ -8,6 +8,8 @@ the variants in turns, round after round:
 - "default": jdtr as it is;
 - "xla emitters": jdtr's own programs compiled with XLA's default options
   (`xla_options.CPU_OPTIONS = {}`);
+- "older emitters for chunks": the chunks compiled with `xla_options`' older
+  emitters too (`chunks.CHUNK_OPTIONS`), as before 2026-11-27;
 - "one thread": a plan's chunks compiled one at a time (`chunks.COMPILE_THREADS = 1`).
 
     python benchmarks/compile_benchmark.py --rounds 2
@@ -27,8 +29,11 @@ MODELS = {
     "resnet4x32_b16": "models.resnet(blocks=4, channels=32, batch=16)",
     "flax_gpt4x128_s128_b8": "models.flax_gpt()",
     "flax_resnet_gn4x32_i32_b16": "models.flax_resnet_groupnorm(blocks=4)",
+    # Narrow matmuls (the test suite's sizes), and the benchmarks' chain.
+    "mlp64x32_b256": "models.mlp_chain(layers=64, width=32, batch=256)",
+    "mlp64x256_b2048": "models.mlp_chain(layers=64, width=256, batch=2048)",
 }
-VARIANTS = ("default", "xla emitters", "one thread")
+VARIANTS = ("default", "xla emitters", "older emitters for chunks", "one thread")
 
 
 def child(variant: str, model_name: str, ratio: float, steps: int) -> dict:
@@ -40,6 +45,8 @@ def child(variant: str, model_name: str, ratio: float, steps: int) -> dict:
 
     if variant == "xla emitters":
         xla_options.CPU_OPTIONS = {}
+    elif variant == "older emitters for chunks":
+        chunks.CHUNK_OPTIONS = xla_options.compiler_options()
     elif variant == "one thread":
         chunks.COMPILE_THREADS = 1
     model = eval(MODELS[model_name], {"models": models})  # noqa: S307  (this file's own expressions)

@@ -8,12 +8,15 @@
 #   3. jdtr.grad's step times against jax.jit(jax.grad) on the GPU
 #      (`grad_benchmark.py`), alone on the machine, then
 #   4. the slack side by side (`slack_benchmark.py`: plans at the budget
-#      and a little under it, run as chunks), alone.
+#      and a little under it, run as chunks), alone, then
+#   5. the cap on a chunk's computations side by side (`chunk_cost.py`:
+#      chunks, arrays crossing, host and step times), alone: on the CPU the
+#      cap makes steps faster; whether it does on a GPU is this measurement.
 # Each part has its own time limit; what it printed comes back under $OUT
 # even when it is cut short (the benchmarks print each row as it is made).
 #
 #   bash benchmarks/gpu_check.sh            # in the device tool's `run`
-#   SUITE_S=270 PEAKS_S=240 TIMES_S=180 SLACK_S=120 bash benchmarks/gpu_check.sh
+#   SUITE_S=270 PEAKS_S=240 TIMES_S=180 SLACK_S=120 CAPS_S=240 bash benchmarks/gpu_check.sh
 set -u
 OUT=${OUT:-/tmp/gpu_check}
 mkdir -p "$OUT"
@@ -24,6 +27,7 @@ SUITE_S=${SUITE_S:-270}
 PEAKS_S=${PEAKS_S:-240}
 TIMES_S=${TIMES_S:-180}
 SLACK_S=${SLACK_S:-120}
+CAPS_S=${CAPS_S:-240}
 SUITE_ARGS=${SUITE_ARGS:-tests --ignore=tests/test_notebooks.py}
 
 {
@@ -52,8 +56,13 @@ echo "grad_benchmark exit $?" >> "$OUT/times.err"
 timeout "$SLACK_S" $PY benchmarks/slack_benchmark.py --models mlp transformer --ratios 0.5 > "$OUT/slack.md" 2> "$OUT/slack.err"
 echo "slack_benchmark exit $?" >> "$OUT/slack.err"
 
+# 5. The cap on a chunk's computations, side by side, alone.
+timeout "$CAPS_S" $PY benchmarks/chunk_cost.py --models transformer resnet mlp flax_gpt --ratios 1.0 0.5 --caps 512 4096 --repeats 21 > "$OUT/caps.md" 2> "$OUT/caps.err"
+echo "chunk_cost exit $?" >> "$OUT/caps.err"
+
 tail -n 25 "$OUT/suite.log"
 grep -c PASSED "$OUT/suite.log"
 grep -E "^\(|exit" "$OUT/peaks.err" | tail -n 30
 tail -n 20 "$OUT/times.err"
 tail -n 8 "$OUT/slack.err"
+grep -E "^\||exit" "$OUT/caps.err" | tail -n 25

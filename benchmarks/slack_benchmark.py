@@ -56,6 +56,37 @@ def slack_off(off: bool):
         slack.SLACKS = saved
 
 
+def warm_up(fn, args) -> list:
+    """The `Stats` of calls of `fn` (a `jdtr.grad` with `return_stats`): the
+    first plans and runs step by step, then until the plan runs as chunks
+    and the allocator is no longer read (on a GPU, its first runs teach a
+    margin, and a plan made for it: allocator.py), at most WARMUP_CALLS."""
+    runs = [timed(fn, *args)[1][1]]
+    while len(runs) < WARMUP_CALLS and not (runs[-1].execution == "chunks" and runs[-1].allocator_peak_bytes is None):
+        runs.append(timed(fn, *args)[1][1])
+    return runs
+
+
+def report(title: str, repeats: int, header: str, names, rows_of, output) -> int:
+    """Prints (and appends to `output`) a table of `rows_of(name)` for each
+    model name, under `header` (its column names, `|`-separated)."""
+    columns = header.count("|") - 1
+    lines = [
+        f"### {title}, {datetime.date.today().isoformat()}", "",
+        f"Machine: {machine()}. Medians of {repeats} interleaved runs, once each plan runs as chunks.", "",
+        header, "|" + "---|" * columns,
+    ]
+    for name in names:
+        print(f"benchmarking {name} ...", file=sys.stderr)
+        rows = rows_of(name)
+        print("\n".join(rows), file=sys.stderr)
+        lines += rows
+    text = "\n".join(lines)
+    print(text)
+    write_report(output, text)
+    return 0
+
+
 def bench(model, ratios, repeats) -> list[str]:
     args = (model.params, model.batch)
     jit = jax.jit(jax.grad(model.loss))
@@ -69,13 +100,7 @@ def bench(model, ratios, repeats) -> list[str]:
             fn = jdtr.grad(loss, budget=ratio, return_stats=True)
             try:
                 with slack_off(off):
-                    runs = [timed(fn, *args)[1][1]]  # plans, runs step by step
-                    # Then until the plan runs as chunks and the allocator is no longer read (on a
-                    # GPU, its first runs teach a margin, and a plan made for it: allocator.py).
-                    while len(runs) < WARMUP_CALLS and not (
-                        runs[-1].execution == "chunks" and runs[-1].allocator_peak_bytes is None
-                    ):
-                        runs.append(timed(fn, *args)[1][1])
+                    runs = warm_up(fn, args)
             except jdtr.OutOfBudgetError:
                 continue
             contenders[name], stats[name] = fn, (runs, runs[-1])
@@ -105,21 +130,9 @@ def main(argv=None):
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--output", help="append the markdown report here")
     args = parser.parse_args(argv)
-    lines = [
-        f"### Slack side by side, {datetime.date.today().isoformat()}", "",
-        f"Machine: {machine()}. Medians of {args.repeats} interleaved runs, once each plan runs as chunks.", "",
-        "| model | budget | plan | chunks | peak/budget (count) | overhead | warm-up calls, their planning and compiling s | jdtr / jit |",
-        "|---|---|---|---|---|---|---|---|",
-    ]
-    for name in args.models:
-        print(f"benchmarking {name} ...", file=sys.stderr)
-        rows = bench(MODELS[name](), args.ratios, args.repeats)
-        print("\n".join(rows), file=sys.stderr)
-        lines += rows
-    text = "\n".join(lines)
-    print(text)
-    write_report(args.output, text)
-    return 0
+    header = "| model | budget | plan | chunks | peak/budget (count) | overhead | warm-up calls, their planning and compiling s | jdtr / jit |"
+    return report("Slack side by side", args.repeats, header, args.models,
+                  lambda name: bench(MODELS[name](), args.ratios, args.repeats), args.output)
 
 
 if __name__ == "__main__":

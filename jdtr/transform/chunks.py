@@ -43,7 +43,6 @@ import jax
 
 from ..offline import Compute, Free, Read, StraightLine
 from .program import Value
-from .xla_options import compiler_options
 
 # Compiled chunks kept, least recently used first out.
 MAX_COMPILED_CHUNKS = 1024
@@ -56,9 +55,12 @@ MAX_COMPILED_CHUNKS = 1024
 # at most MIN_HALVED computations that does not fit runs them one by one
 # (each is counted exactly by the plan), sparing compilations that rarely fit.
 MIN_HALVED = 4
-# At most this many computations a chunk: XLA's compile time grows faster
-# than the program (the same LSTM as one chunk: 19 s; in chunks of 512:
-# 0.3-0.7 s each), while a dispatch per 512 equations costs nothing.
+# At most this many computations a chunk. On the CPU, XLA's code for a
+# whole step runs slower than for its parts (a 4-block transformer at its
+# unconstrained peak: one chunk 1.27x `jax.jit`'s step, chunks of 512 0.88x;
+# docs/benchmarks.md), while a dispatch per 512 equations costs the host
+# little. (It was set for compile time, when the unrolled scan LSTM took
+# 19 s as one chunk; whole steps now compile as fast as their parts.)
 MAX_CHUNK_EQUATIONS = 512
 
 
@@ -337,6 +339,12 @@ _LOCK = threading.Lock()
 # both of 2 cores for part of a compile: there, second calls are about 10%
 # shorter with threads (docs/benchmarks.md, "Compiling jdtr's own programs").
 COMPILE_THREADS = max(1, min(8, os.cpu_count() or 1))
+# XLA's options for chunks: its defaults, not `xla_options`' older emitters
+# (asked for the executables of single equations). With those, a 64-layer MLP
+# of width 32 ran its step 20-25% slower and compiled its chunks 9x longer;
+# other models' steps ran as fast or slower (up to 13%), their chunks
+# compiled up to 2x faster, once (docs/benchmarks.md): a step runs many times. A benchmark sets this to compare.
+CHUNK_OPTIONS: dict = {}
 
 
 def _compile_all(layouts: Sequence[_Layout], avals: Sequence[Any]) -> dict[Hashable, tuple[Callable, tuple[int, int, int]]]:
@@ -356,7 +364,7 @@ def _compile_all(layouts: Sequence[_Layout], avals: Sequence[Any]) -> dict[Hasha
     # Lowered here, one by one: lowering is Python (tracing) and holds the
     # GIL, and `warnings.catch_warnings` is not safe across threads.
     lowered = [(layout, _lower(layout, avals)) for layout in missing.values()]
-    options = compiler_options() or None
+    options = CHUNK_OPTIONS or None
     if len(lowered) > 1 and COMPILE_THREADS > 1:
         with ThreadPoolExecutor(min(COMPILE_THREADS, len(lowered))) as pool:
             programs = list(pool.map(lambda pair: pair[1].compile(options), lowered))

@@ -1,16 +1,20 @@
-"""Compiler options for the programs jdtr compiles itself: its per-equation
-executables (`executable.py`) and its chunks (`chunks.py`).
+"""Compiler options for the executables of single equations that jdtr
+compiles itself (`executable.py`): a first call compiles one per distinct
+equation and runs them step by step, where `jax.jit` compiles one program.
 
-A planned run compiles many small programs where `jax.jit` compiles one: a
-first call compiles an executable per distinct equation, a second call a few
-dozen chunks. On the CPU, XLA's fusion emitters (its default in JAX 0.10;
-JAX 0.6 still used the older ones) take 1.5-2x as long to compile a small
-elementwise program as its older emitters (a tanh over 128K floats: 48 ms
-against 27 ms), and the chunks of a transformer's plan 25-40% longer, for
-the same run time (docs/benchmarks.md, "Compiling jdtr's own programs").
-So on the CPU jdtr asks for the older emitters, for its own programs only:
-the caller's `jax.jit` programs, and those `remat_grad` measures, keep
-XLA's defaults.
+On the CPU, XLA's fusion emitters (its default in JAX 0.10; JAX 0.6 still
+used the older ones) take 1.5-2x as long to compile a small elementwise
+program as its older emitters (a tanh over 128K floats: 48 ms against
+27 ms), so a new structure's first call takes 25-35% longer with them
+(docs/benchmarks.md, "Compiling jdtr's own programs"). So on the CPU jdtr
+asks for the older emitters for these executables only. A plan's chunks
+(`chunks.py`), runs of hundreds of equations with their matmuls, keep
+XLA's defaults: with the older emitters an MLP of 64 layers of width 32
+ran its compiled step 20-25% slower and compiled its chunks in 5.5 s
+against 0.6 s (a matmul followed by a `tanh` compiles 16x slower with
+them); other models' steps ran as fast or slower (up to 13%) with them,
+and their chunks compiled up to 2x faster, once. The caller's `jax.jit` programs, and those
+`remat_grad` measures, keep XLA's defaults too.
 
 Where the caller sets the flag in `XLA_FLAGS`, theirs stands. Where this
 XLA does not know the flag (it is a debug option, and JAX 0.11.2's XLA has
