@@ -6,8 +6,9 @@ that crosses from one chunk to the next is an output of one and an input
 of the other. On a GPU, where `jax.jit(jax.grad)` runs a small model's
 step in about a millisecond, what the host spends on those dispatches and
 arrays can set the pace. A chunk holds at most a capped number of
-computations (XLA's compile time); this runs the same models with each cap
-of `--caps`, in one process:
+computations (`chunks.MAX_CHUNK_EQUATIONS`: on the CPU, XLA's code for a
+whole step can run slower than for its parts); this runs the same models
+with each cap of `--caps`, in one process:
 
 - chunks a step, and the arrays that cross between them (outputs of one
   chunk read by a later one, the deletes between chunks);

@@ -56,11 +56,11 @@ MAX_COMPILED_CHUNKS = 1024
 # (each is counted exactly by the plan), sparing compilations that rarely fit.
 MIN_HALVED = 4
 # At most this many computations a chunk. On the CPU, XLA's code for a
-# whole step runs slower than for its parts (a 4-block transformer at its
-# unconstrained peak: one chunk 1.27x `jax.jit`'s step, chunks of 512 0.88x;
-# docs/benchmarks.md), while a dispatch per 512 equations costs the host
-# little. (It was set for compile time, when the unrolled scan LSTM took
-# 19 s as one chunk; whole steps now compile as fast as their parts.)
+# whole step can run slower than for its parts (a 4-block transformer at
+# its unconstrained peak: one chunk 1.04x `jax.jit`'s step, chunks of 512
+# 0.85x; docs/benchmarks.md), while a dispatch per 512 equations costs the
+# host little. (It was set for compile time, when the unrolled scan LSTM
+# took 19 s as one chunk; a whole step now compiles faster than its parts.)
 MAX_CHUNK_EQUATIONS = 512
 
 
@@ -343,7 +343,8 @@ COMPILE_THREADS = max(1, min(8, os.cpu_count() or 1))
 # (asked for the executables of single equations). With those, a 64-layer MLP
 # of width 32 ran its step 20-25% slower and compiled its chunks 9x longer;
 # other models' steps ran as fast or slower (up to 13%), their chunks
-# compiled up to 2x faster, once (docs/benchmarks.md): a step runs many times. A benchmark sets this to compare.
+# compiled up to 2x faster, once (docs/benchmarks.md): a step runs many
+# times. A benchmark sets this to compare.
 CHUNK_OPTIONS: dict = {}
 
 
