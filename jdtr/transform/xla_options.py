@@ -13,8 +13,8 @@ XLA's defaults: with the older emitters an MLP of 64 layers of width 32
 ran its compiled step 20-25% slower and compiled its chunks in 5.5 s
 against 0.6 s (a matmul followed by a `tanh` compiles 16x slower with
 them); other models' steps ran as fast or slower (up to 13%) with them,
-and their chunks compiled up to 2x faster, once. The caller's `jax.jit` programs, and those
-`remat_grad` measures, keep XLA's defaults too.
+and their chunks compiled up to 2x faster, once. The caller's `jax.jit`
+programs, and those `remat_grad` measures, keep XLA's defaults too.
 
 Where the caller sets the flag in `XLA_FLAGS`, theirs stands. Where this
 XLA does not know the flag (it is a debug option, and JAX 0.11.2's XLA has
