@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import gc
 import threading
+from collections import Counter
 import warnings
 
 import jax
@@ -19,7 +20,7 @@ import pytest
 import jdtr
 from budgets import biting
 from jdtr import models
-from jdtr.offline import Compute
+from jdtr.offline import Compute, Free
 from jdtr.transform import chunks as chunks_module
 from jdtr.transform import slack, xla_options
 from jdtr.transform.chunks import Chunk, compiled_chunks, cut
@@ -161,6 +162,41 @@ def test_a_chunk_xla_makes_too_large_is_halved_where_it_is_too_large(monkeypatch
 
 
 @pytest.mark.parametrize("name", ["transformer", "resnet"])
+def test_the_parts_of_a_halved_chunk_free_first_what_they_do_not_read(name):
+    """A value read by the first part of a halved span and freed by the plan
+    in the second is deleted before the second part runs: the span held it
+    (it reads it), the part need not. Every span of the plan, halved: what a
+    part frees after it runs it reads, and each free of the span is done
+    once, by a delete between the parts, by a part, or inside one (a value
+    made and dead there)."""
+    plan, avals, _ = planned_line(MODELS[name](), 0.5)
+    line, resident = plan.line, plan.line.resident_before()
+    hoisted = 0
+    for span in chunks_module._spans(line, float("inf"), resident):
+        if not isinstance(span, chunks_module._Span):
+            continue
+        parts = chunks_module._split(line, span, float("inf"), resident)
+        if not parts:
+            continue
+        expected = Counter(line.steps[t].slot for t in range(span.start, span.end) if isinstance(line.steps[t], Free) and t not in span.hoisted)
+        done = Counter()
+        for part in parts:
+            if isinstance(part, chunks_module.Delete):
+                done.update(part.slots)
+                hoisted += 1
+                continue
+            layout = chunks_module._layout(line, avals, part, resident[part.start])
+            read = {slot for step in layout.steps for slot in step.inputs}
+            made = {slot for step in layout.steps for slot in step.outputs}
+            assert all(slot in read or slot in made for slot in layout.frees)
+            done.update(layout.frees)
+            if len(layout.steps) > 1:
+                done.update(line.steps[t].slot for t in range(part.start, part.end) if isinstance(line.steps[t], Free) and line.steps[t].slot in made)
+        assert done == expected
+    assert hoisted, "some span holds a value that one of its halves frees without reading it"
+
+
+@pytest.mark.parametrize("name", ["transformer", "resnet"])
 def test_a_chunk_is_halved_where_fewest_values_cross(name):
     """A span too large for XLA is cut before the computation of its middle
     half after which the fewest values are read again (each one is an
@@ -177,7 +213,8 @@ def test_a_chunk_is_halved_where_fewest_values_cross(name):
         after = {s for t in range(c, len(steps)) if isinstance(steps[t], Compute) for s in steps[t].inputs}
         return len(before & after)
 
-    first, second = chunks_module._split(plan.line, span)
+    parts = chunks_module._split(plan.line, span, float("inf"), plan.line.resident_before())
+    first, second = [part for part in parts if isinstance(part, chunks_module._Span)]
     n = len(computes)
     window = computes[n // 4 : n - n // 4]
     assert first.start == 0 and first.end == second.start and second.end == len(steps) and first.end in window

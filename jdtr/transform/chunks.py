@@ -47,9 +47,10 @@ from .program import Value
 # Compiled chunks kept, least recently used first out.
 MAX_COMPILED_CHUNKS = 1024
 # A chunk XLA makes larger than the budget is halved, and each half that is
-# still too large halved again, until they fit: XLA's excess is local (its
-# schedule keeps more alive than the plan near the plan's peak), so the
-# halves away from it fit and stay long. A flax scan-LSTM (3,479 equations)
+# still too large halved again, until they fit: XLA's excess is local (near
+# the plan's peak it allocates every output of the program from its start,
+# and its temporaries beside them), so the halves away from it fit and stay
+# long. A flax scan-LSTM (3,479 equations)
 # at its unconstrained peak: 22 chunks, where two halvings and then single
 # equations gave 2,611 dispatches and 1.95x `jax.jit`'s step time. A piece of
 # at most MIN_HALVED computations that does not fit runs them one by one
@@ -104,71 +105,85 @@ Item = Union[Chunk, Delete, Read]
 
 @dataclass(frozen=True)
 class _Span:
-    """Steps [start, end) to run as one chunk, less the frees done before it."""
+    """Steps [start, end) to run as one chunk, less the frees done before it
+    (`hoisted`: the steps of those frees)."""
 
     start: int
     end: int
     hoisted: frozenset[int] = frozenset()
 
 
-def _spans(line: StraightLine, budget_bytes: float, resident: Sequence[int]) -> list[Union[_Span, Delete, Read]]:
-    """The plan's steps as spans to run as chunks, with the frees between
-    them, cut where the plan's count of a chunk's memory would pass the budget.
+def _spans(
+    line: StraightLine,
+    budget_bytes: float,
+    resident: Sequence[int],
+    start: int = 0,
+    end: Optional[int] = None,
+    cuts: frozenset[int] = frozenset(),
+    deleted: frozenset[int] = frozenset(),
+) -> list[Union[_Span, Delete, Read]]:
+    """The plan's steps [start, end) as spans to run as chunks, with the
+    frees between them, cut where the plan's count of a chunk's memory would
+    pass the budget, and before each step of `cuts`.
 
     A free inside a span of a value from before it is done before the span
     when the span does not read that value first (an eviction of a stale
     value, mostly): memory is then lower than planned, never higher. A value
-    the span reads and then frees is held until the span has run."""
+    the span reads and then frees is held until the span has run. The frees
+    at the steps of `deleted` were done before the range (by the span being
+    split): each span of it keeps them as hoisted."""
     sizes = line.sizes
+    end = len(line.steps) if end is None else end
     items: list[Union[_Span, Delete, Read]] = []
-    start: Optional[int] = None
+    opened: Optional[int] = None
     produced: set[int] = set()
     read: set[int] = set()
     payloads: set[int] = set()
-    hoisted: list[int] = []
+    hoisted: list[int] = []  # steps of the frees done before the open span
     held = 0  # values read, then freed inside the open span: kept until it ends
     computations = 0  # in the open span
 
-    def close(end: int) -> None:
-        nonlocal start, held, computations
-        if start is not None:
+    def close(at: int) -> None:
+        nonlocal opened, held, computations
+        if opened is not None:
             if hoisted:
-                items.append(Delete(tuple(hoisted)))
-            items.append(_Span(start, end, frozenset(hoisted)))
-        start, held, computations = None, 0, 0
+                items.append(Delete(tuple(line.steps[h].slot for h in hoisted)))
+            items.append(_Span(opened, at, deleted | frozenset(hoisted)))
+        opened, held, computations = None, 0, 0
         for pending in (produced, read, payloads, hoisted):
             pending.clear()
 
-    for t, step in enumerate(line.steps):
+    for t in range(start, end):
+        step = line.steps[t]
         if type(step) is Read:
             close(t)
             items.append(step)
             continue
         if type(step) is Free:
-            if step.slot in produced:
-                continue  # made and dead inside the span: a temporary
-            if start is None:
+            if step.slot in produced or t in deleted:
+                continue  # made and dead inside the span (a temporary), or deleted before it
+            if opened is None:
                 items.append(Delete((step.slot,)))
             elif step.slot in read:
                 held += sizes[step.slot]
             else:
-                hoisted.append(step.slot)
+                hoisted.append(t)
             continue
         equation = step.payload
         need = resident[t] + held + sum(sizes[s] for s in step.outputs) + step.workspace
         alone = bool(getattr(equation, "effects", False))
         full = computations >= MAX_CHUNK_EQUATIONS
-        if start is not None and (need > budget_bytes or id(equation) in payloads or alone or full):
+        if opened is not None and (t in cuts or need > budget_bytes or id(equation) in payloads or alone or full):
             close(t)
-        if start is None:
-            start = t
+        if opened is None:
+            opened = t
         read.update(s for s in step.inputs if s not in produced)
         produced.update(step.outputs)
         payloads.add(id(equation))
         computations += 1
         if alone:
             close(t + 1)
-    close(len(line.steps))
+    close(end)
     return items
 
 
@@ -178,17 +193,23 @@ def count(line: StraightLine, budget_bytes: float) -> int:
     return sum(1 for item in _spans(line, budget_bytes, line.resident_before()) if type(item) is _Span)
 
 
-def _split(line: StraightLine, span: _Span) -> list[_Span]:
+def _split(line: StraightLine, span: _Span, budget_bytes: float, resident: Sequence[int]) -> list[Union[_Span, Delete]]:
     """A span cut in two, before the computation of its middle half where
     the fewest values cross (`_narrowest`), or, when it has at most
-    `MIN_HALVED`, into single computations (none if it has one)."""
+    `MIN_HALVED`, into single computations (nothing if it has one).
+
+    Each part is laid out as `_spans` lays out a span: a value from before a
+    part that the part frees without reading it is deleted before the part
+    runs. The span held such a value (an earlier part reads it), and on the
+    tight stretches of a plan that is what made XLA's peak pass the budget:
+    a GPT's backward pass at 0.5, halved down to pieces of 4 computations
+    that held 2-5% of the budget in values the plan had already freed."""
     computes = [t for t in range(span.start, span.end) if type(line.steps[t]) is Compute]
     n = len(computes)
     if n < 2:
         return []
     cuts = [_narrowest(line, span, computes[n // 4 : n - n // 4], computes[n // 2])] if n > MIN_HALVED else computes[1:]
-    bounds = [span.start, *cuts, span.end]
-    return [_Span(a, b, span.hoisted) for a, b in zip(bounds, bounds[1:])]
+    return _spans(line, budget_bytes, resident, span.start, span.end, frozenset(cuts), span.hoisted)  # type: ignore[return-value]
 
 
 def _narrowest(line: StraightLine, span: _Span, candidates: Sequence[int], middle: int) -> int:
@@ -230,7 +251,6 @@ def cut(line: StraightLine, avals: Sequence[Any], budget_bytes: float) -> list[I
     compiles, and a wave of a transformer's plan is dozens of programs of
     0.05-0.7 s each."""
     resident = line.resident_before()
-    freed_at = {step.slot: t for t, step in enumerate(line.steps) if type(step) is Free}
     items: list[Union[Item, _Span]] = list(_spans(line, budget_bytes, resident))
     while True:
         spans = [item for item in items if type(item) is _Span]
@@ -239,7 +259,7 @@ def cut(line: StraightLine, avals: Sequence[Any], budget_bytes: float) -> list[I
         layouts = {}
         for span in spans:
             # Frees done before the span that the plan's count at its start still holds.
-            gone = sum(line.sizes[s] for s in span.hoisted if freed_at[s] >= span.start)
+            gone = sum(line.sizes[line.steps[h].slot] for h in span.hoisted if h >= span.start)
             layouts[span] = _layout(line, avals, span, resident[span.start] - gone)
         compiled = _compile_all([layout for layout in layouts.values() if layout.key is not None], avals)
         following: list[Union[Item, _Span]] = []
@@ -248,7 +268,7 @@ def cut(line: StraightLine, avals: Sequence[Any], budget_bytes: float) -> list[I
                 following.append(item)
                 continue
             chunk = layouts[item].chunk(compiled)
-            parts = _split(line, item) if chunk.peak_bytes > budget_bytes else []
+            parts = _split(line, item, budget_bytes, resident) if chunk.peak_bytes > budget_bytes else []
             following.extend(parts if parts else [chunk])
         items = following
 
@@ -290,11 +310,12 @@ def _layout(line: StraightLine, avals: Sequence[Any], span: _Span, resident_byte
     it reads and keeps, the inputs it frees (donated to it) and its key."""
     steps, frees, produced, dead = [], [], set(), set()
     inputs: dict[int, None] = {}
-    for step in line.steps[span.start : span.end]:
+    for t in range(span.start, span.end):
+        step = line.steps[t]
         if type(step) is Free:
             if step.slot in produced:
                 dead.add(step.slot)
-            elif step.slot not in span.hoisted:
+            elif t not in span.hoisted:
                 frees.append(step.slot)
             continue
         steps.append(step)
