@@ -836,3 +836,46 @@ def test_debug_from_several_threads_counts_each_calls_arrays():
     for grads, stats in results:
         assert stats.live_peak_bytes <= stats.budget_bytes
         assert_close(grads, expected, rtol=1e-4, atol=1e-5)
+
+
+def test_the_suggestion_search_finds_the_same_budget_with_fewer_simulations(monkeypatch):
+    """The budget an `OutOfBudgetError` suggests is found by bisection, a
+    probe fitting when any heuristic fits. Trying first the heuristic that
+    fit the last probe finds the budget that trying them all in their order
+    finds, from fewer simulations where another than the first one fits."""
+    from jdtr.transform import planner
+
+    model = MODELS["resnet"]()
+    f = jdtr.grad(model.loss, return_stats=True)
+    f(model.params, model.batch)
+    (traced,) = f.cache.values()
+    owned = [False] * len(traced.program.inputs)
+    tried = planner.candidates("auto", traced.program)
+    failed = int(traced.unconstrained_peak * 0.05)
+    simulations = []
+    real = planner._Simulation.__call__
+
+    def counted(self, budget_bytes, heuristic, *args, **kwargs):
+        result = real(self, budget_bytes, heuristic, *args, **kwargs)
+        simulations.append((budget_bytes, heuristic, result[0].ok))
+        return result
+
+    monkeypatch.setattr(planner._Simulation, "__call__", counted)
+    suggested = planner._suggest_budget(planner._Simulation(traced.program, owned, "eager"), tried, failed)
+    ordered = len(simulations)
+    probes = sorted({budget for budget, _, _ in simulations})
+    fitting = {budget for budget, _, ok in simulations if ok}
+    # Every heuristic, in its order, at each probe: the same probes fit, the bisection takes the same path.
+    simulations.clear()
+    simulate = planner._Simulation(traced.program, owned, "eager")
+    limit = simulate.workload.baseline.cost * (planner.SUGGESTION_OVERHEAD_LIMIT - 1.0)
+    heuristics = [c for c in tried if c != planner.OPTIMAL]
+    for budget in probes:
+        fits = False
+        for candidate in heuristics:
+            if simulate(budget, candidate, remat_limit=limit)[0].ok:
+                fits = True
+                break
+        assert fits == (budget in fitting)
+    assert suggested == min(fitting)
+    assert ordered < len(simulations), "some probe fit by a heuristic other than the first"

@@ -50,11 +50,11 @@ MAX_COMPILED_CHUNKS = 1024
 # still too large halved again, until they fit: XLA's excess is local (near
 # the plan's peak it allocates every output of the program from its start,
 # and its temporaries beside them), so the halves away from it fit and stay
-# long. A flax scan-LSTM (3,479 equations)
-# at its unconstrained peak: 22 chunks, where two halvings and then single
-# equations gave 2,611 dispatches and 1.95x `jax.jit`'s step time. A piece of
-# at most MIN_HALVED computations that does not fit runs them one by one
-# (each is counted exactly by the plan), sparing compilations that rarely fit.
+# long. A flax scan-LSTM (3,479 equations) at its unconstrained peak: 22
+# chunks, where two halvings and then single equations gave 2,611 dispatches
+# and 1.95x `jax.jit`'s step time. A piece of at most MIN_HALVED computations
+# that does not fit runs them one by one (each is counted exactly by the
+# plan), sparing compilations that rarely fit.
 MIN_HALVED = 4
 # At most this many computations a chunk. On the CPU, XLA's code for a
 # whole step can run slower than for its parts (a 4-block transformer at

@@ -493,6 +493,10 @@ def _suggest_budget(
     def fits(budget: int) -> bool:
         for candidate in heuristics:
             if simulate(budget, candidate, remat_limit=limit)[0].ok:
+                # Tried first from now on: the one that fit a budget most often
+                # fits the next, a little lower (the answer is the same in any order).
+                heuristics.remove(candidate)
+                heuristics.insert(0, candidate)
                 return True
         return False
 
