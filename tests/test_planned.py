@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import gc
 import threading
-from collections import Counter
 import warnings
+from collections import Counter
 
 import jax
 import jax.numpy as jnp
