@@ -32,6 +32,7 @@ from jdtr.offline import log_workload, run
 from jdtr.offline.optimal import SEED_HEURISTICS
 from jdtr.offline.optimal.graph import useful_until
 from jdtr.offline.optimal.milp import build_model, checkmate
+from jdtr.offline.optimal.model import Model, WorkLimit
 from jdtr.offline.optimal.relaxation import solve_intervals
 from jdtr.offline.optimal.stages import StageRecorder, cost_of, realize, schedule_from_intervals
 from jdtr.oplog import Call, Constant, Mutate, Release, Trace
@@ -573,3 +574,23 @@ def test_optimal_open_script_reports_the_optimum_and_each_heuristics_distance(tm
 
     refused = subprocess.run([*args, "--budgets", "mlp_chain(3)@0.5"], capture_output=True, text=True, env=env, timeout=300)
     assert refused.returncode == 2 and "expected MODEL@RATIO" in refused.stderr
+
+
+def test_a_limit_on_improving_solutions_stops_highs_at_the_schedules_it_allows():
+    """`WorkLimit.solutions` reaches HiGHS (through scipy, which does not
+    document it): on a set cover whose optimum HiGHS proves, a limit of one
+    improving solution stops at a worse cover, with the limit as the status
+    and a bound below the optimum. The portfolio's solves rely on it to bound
+    the root node's work, which a node limit does not."""
+    rng = np.random.default_rng(0)
+    model = Model()
+    sets = [model.variable(0.0, 1.0, float(rng.integers(5, 20)), integer=True) for _ in range(60)]
+    for _ in range(40):  # each element in six of the sets
+        model.constraint([(sets[i], 1.0) for i in rng.choice(len(sets), 6, replace=False)], 1.0, math.inf)
+    optimum = model.solve(None, 0.0)
+    assert optimum.status == 0
+    for work in (WorkLimit(solutions=1), WorkLimit(nodes=1, solutions=1)):
+        first = model.solve(None, 0.0, work)
+        assert first.status == 1 and first.fun > optimum.fun + 1 and first.mip_dual_bound <= optimum.fun
+        assert work.bounded
+    assert not WorkLimit().bounded

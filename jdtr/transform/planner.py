@@ -69,8 +69,15 @@ AUTO = "auto"
 # 1 s, where the heuristics' best is 1.58; at 0.6, 1.26 in 3 s, where
 # theirs is 1.90. Each round's solve grows with the nodes refined (5 s a
 # round on a 12-layer MLP, which the bound spares).
+# The root node alone can take seconds: HiGHS's sub-MIPs search there for
+# schedules until they find one, and on an 8-layer MLP of width 16 (biases,
+# 0.4 of its peak) each round took 9-11 s for schedules 20x the heuristics'.
+# A round keeps its third improving schedule at most: that MLP then takes
+# 2.8 s instead of 22 s, where the CNN's plans above are unchanged (a limit of
+# 2 loses its 0.6 plan, 1.26 becoming msps's 1.90). docs/benchmarks.md.
 OPTIMAL_MAX_EQUATIONS = 200
 OPTIMAL_NODE_LIMIT = 1
+OPTIMAL_SOLUTION_LIMIT = 3
 OPTIMAL_MAX_ROUNDS = 2
 OPTIMAL_WORTH_ABOVE = 1.2
 
@@ -274,6 +281,7 @@ class _Simulation:
             time_limit=None,
             method="relaxation",
             node_limit=OPTIMAL_NODE_LIMIT,
+            solution_limit=OPTIMAL_SOLUTION_LIMIT,
             max_rounds=OPTIMAL_MAX_ROUNDS,
             priced=False,
             stop_at_bound=enough,

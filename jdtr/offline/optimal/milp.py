@@ -16,7 +16,7 @@ from dataclasses import dataclass, replace
 from typing import Iterable, Optional
 
 from .graph import CheckmateGraph, Intervals, Scheduled, useful_until
-from .model import Model, memory_unit
+from .model import UNLIMITED, Model, WorkLimit, memory_unit
 from .stages import cost_of, realize
 
 
@@ -146,7 +146,7 @@ def checkmate(
     deadline: Optional[float],
     rel_gap: float,
     lazy: bool = True,
-    node_limit: Optional[int] = None,
+    work: WorkLimit = UNLIMITED,
 ) -> _Solved:
     """Checkmate's MILP, solved with its memory rows added where needed.
 
@@ -158,8 +158,8 @@ def checkmate(
     schedule (`realize`), and every stage that breaks the budget gets its
     memory rows for the next solve. A solution whose schedule fits is
     Checkmate-feasible and optimal for a relaxation, so optimal for
-    Checkmate; every round's dual bound is a bound. `node_limit` bounds each
-    solve's branch-and-bound nodes. `lazy=False` builds
+    Checkmate; every round's dual bound is a bound. `work` limits each
+    solve. `lazy=False` builds
     every stage's rows at once (Checkmate's model as published).
     """
     n = len(graph)
@@ -169,7 +169,7 @@ def checkmate(
     while True:
         model, R, S = build_model(graph, budget_bytes, checked if lazy else None)
         left = None if deadline is None else max(deadline - time.perf_counter(), 0.0)
-        solution = model.solve(left, rel_gap, node_limit)
+        solution = model.solve(left, rel_gap, work)
         rounds += 1
         nodes += int(getattr(solution, "mip_node_count", 0) or 0)
         if solution.status not in (0, 1, 2):

@@ -2,7 +2,34 @@
 
 from __future__ import annotations
 
+import warnings
+from dataclasses import dataclass
 from typing import Any, Optional
+
+
+@dataclass(frozen=True)
+class WorkLimit:
+    """Limits on each of HiGHS's solves that, unlike time, give the same
+    answer on every run and machine.
+
+    Attributes:
+      nodes: branch-and-bound nodes (HiGHS's `mip_max_nodes`). It does not
+        bound the root node's work: its cuts and its sub-MIP heuristics.
+      solutions: improving solutions found (`mip_max_improving_sols`). The
+        root node's sub-MIPs run until they find one; on the rematerialization
+        models most of a solve with a node limit of 1 is spent there.
+    """
+
+    nodes: Optional[int] = None
+    solutions: Optional[int] = None
+
+    @property
+    def bounded(self) -> bool:
+        """Whether it limits work at all (else only time can)."""
+        return self.nodes is not None or self.solutions is not None
+
+
+UNLIMITED = WorkLimit()
 
 
 class Model:
@@ -35,10 +62,9 @@ class Model:
         self.row_lower.append(lower)
         self.row_upper.append(upper)
 
-    def solve(self, time_limit: Optional[float], rel_gap: float, node_limit: Optional[int] = None) -> Any:
+    def solve(self, time_limit: Optional[float], rel_gap: float, work: WorkLimit = UNLIMITED) -> Any:
         """HiGHS's solution (`scipy.optimize.milp`), within `rel_gap` of
-        optimal, or by `time_limit` seconds or `node_limit` branch-and-bound
-        nodes (a limit that, unlike time, gives the same answer every run)."""
+        optimal, or by `time_limit` seconds or the limits of `work`."""
         import numpy as np
         from scipy.optimize import Bounds, LinearConstraint, milp
         from scipy.sparse import csr_array
@@ -49,18 +75,24 @@ class Model:
         options: dict[str, Any] = {"disp": False, "mip_rel_gap": rel_gap}
         if time_limit is not None:
             options["time_limit"] = max(float(time_limit), 0.0)
-        if node_limit is not None:
-            options["node_limit"] = int(node_limit)
-        solution = milp(
-            np.asarray(self.objective),
-            integrality=np.asarray(self.integer),
-            bounds=Bounds(np.asarray(self.lower), np.asarray(self.upper)),
-            constraints=LinearConstraint(matrix, np.asarray(self.row_lower), np.asarray(self.row_upper)),
-            options=options,
-        )
+        if work.nodes is not None:
+            options["node_limit"] = int(work.nodes)
+        if work.solutions is not None:
+            # Not among the options scipy documents; it passes them on to HiGHS.
+            options["mip_max_improving_sols"] = int(work.solutions)
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", "Unrecognized options", RuntimeWarning)
+            solution = milp(
+                np.asarray(self.objective),
+                integrality=np.asarray(self.integer),
+                bounds=Bounds(np.asarray(self.lower), np.asarray(self.upper)),
+                constraints=LinearConstraint(matrix, np.asarray(self.row_lower), np.asarray(self.row_upper)),
+                options=options,
+            )
         if solution.status == 4 and "limit reached" in str(solution.message).lower():
             # scipy does not know every one of HiGHS's limits (its node limit
-            # comes back as "status 16: solution limit reached"): a limit all the same.
+            # and its limit on improving solutions come back as "status 16:
+            # solution limit reached"): a limit all the same.
             solution.status = 1
         return solution
 

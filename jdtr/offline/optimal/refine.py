@@ -7,6 +7,7 @@ import time
 from typing import Optional
 
 from .graph import CheckmateGraph, Intervals, Scheduled
+from .model import UNLIMITED, WorkLimit
 from .relaxation import INTERVAL_TIME_LIMIT, solve_intervals
 from .stages import Realized, cheapest_schedule, cost_of, realize
 
@@ -19,7 +20,7 @@ def refine(
     best: Optional[Scheduled],
     deadline: Optional[float],
     rel_gap: float,
-    node_limit: Optional[int] = None,
+    work: WorkLimit = UNLIMITED,
     max_rounds: Optional[int] = None,
     priced: bool = True,
     stop_at: float = math.inf,
@@ -36,8 +37,8 @@ def refine(
     schedule, so the best of each is kept. It stops when a schedule meets
     the bound, when there is nothing left to refine, when the bound reaches
     `stop_at`, at `deadline` (`time.perf_counter()` seconds), or after
-    `max_rounds`. `node_limit`
-    bounds each of HiGHS's branch-and-bound searches; `priced` also solves
+    `max_rounds`. `work`
+    limits each of HiGHS's solves; `priced` also solves
     the relaxation that prices recomputation inputs for schedules.
 
     Returns:
@@ -55,7 +56,7 @@ def refine(
         if not wanted or (left is not None and left <= 0) or (max_rounds is not None and rounds >= max_rounds):
             break
         refined |= wanted
-        decisions = solve_intervals(graph, budget_bytes, left, rel_gap, refined=refined, node_limit=node_limit)
+        decisions = solve_intervals(graph, budget_bytes, left, rel_gap, refined=refined, work=work)
         rounds += 1
         if decisions.bound == math.inf and best is not None:
             break  # HiGHS's "infeasible" despite a schedule that fits: a numerical failure, not a bound
@@ -66,8 +67,8 @@ def refine(
         if left is not None:
             limit: Optional[float] = min(INTERVAL_TIME_LIMIT, max(left, 0.0))
         else:
-            limit = None if node_limit is not None else INTERVAL_TIME_LIMIT
-        found, schedules = realize_relaxations(graph, budget_bytes, decisions, bound, rel_gap, limit, node_limit, priced)
+            limit = None if work.bounded else INTERVAL_TIME_LIMIT
+        found, schedules = realize_relaxations(graph, budget_bytes, decisions, bound, rel_gap, limit, work, priced)
         best = min((s for s in (best, found) if s is not None), default=None)
     return bound, best, rounds, len(refined)
 
@@ -79,7 +80,7 @@ def realize_relaxations(
     bound: float,
     rel_gap: float,
     time_limit: Optional[float],
-    node_limit: Optional[int] = None,
+    work: WorkLimit = UNLIMITED,
     priced: bool = True,
 ) -> tuple[Optional[Scheduled], list[Realized]]:
     """The cheapest schedule these decisions give (compute, recomputations)
@@ -91,7 +92,7 @@ def realize_relaxations(
     best = min((cost_of(graph, r.stages) for r in realized if r.stages is not None), default=None)
     if priced and (best is None or best.cost > bound * (1 + rel_gap)):
         other_decisions = solve_intervals(
-            graph, budget_bytes, time_limit, rel_gap, price_inputs=True, refined=decisions.refined, node_limit=node_limit
+            graph, budget_bytes, time_limit, rel_gap, price_inputs=True, refined=decisions.refined, work=work
         )
         other = cheapest_schedule(graph, budget_bytes, other_decisions)
         best = min((s for s in (best, other) if s is not None), default=None)

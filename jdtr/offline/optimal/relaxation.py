@@ -11,7 +11,7 @@ import math
 from typing import Iterable, Optional
 
 from .graph import CheckmateGraph, Intervals
-from .model import Model, memory_unit
+from .model import UNLIMITED, Model, WorkLimit, memory_unit
 
 
 INTERVAL_TIME_LIMIT = 10.0
@@ -61,7 +61,7 @@ def solve_intervals(
     rel_gap: float = 1e-4,
     price_inputs: bool = False,
     refined: frozenset[int] = frozenset(),
-    node_limit: Optional[int] = None,
+    work: WorkLimit = UNLIMITED,
 ) -> Intervals:
     """The interval relaxation (see `interval_bound`). With `price_inputs`,
     dropping a value also costs recomputing its inputs that are gone by
@@ -105,7 +105,7 @@ def solve_intervals(
         model.constraint([*((var, size) for var, size in open_at[t]), *((k, -size) for k, size in held)], excess, math.inf)
     if not model.row_lower:
         return Intervals(baseline, {}, refined)  # every moment fits with everything kept
-    solution = model.solve(time_limit, rel_gap, node_limit)
+    solution = model.solve(time_limit, rel_gap, work)
     if solution.status == 2:
         return Intervals(math.inf, {}, refined)
     # The dual bound, not the schedule found: HiGHS stops within a gap of it.

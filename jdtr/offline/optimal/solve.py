@@ -13,6 +13,7 @@ from ...oplog import Trace
 from ..driver import as_trace, log_workload
 from .graph import Scheduled, Stages, checkmate_graph
 from .milp import MILP_MAX_BINARIES, checkmate
+from .model import WorkLimit
 from .refine import realize_relaxations, refine
 from .relaxation import INTERVAL_TIME_LIMIT, solve_intervals
 from .stages import heuristic_schedule
@@ -115,6 +116,7 @@ def optimal(
     rel_gap: float = 1e-6,
     method: str = "auto",
     node_limit: Optional[int] = None,
+    solution_limit: Optional[int] = None,
     max_rounds: Optional[int] = None,
     priced: bool = True,
     stop_at_bound: Optional[float] = None,
@@ -184,7 +186,11 @@ def optimal(
       node_limit: branch-and-bound nodes for each of HiGHS's solves (None:
         no limit). With `time_limit=None` and `max_rounds`, a limit on work
         rather than time: the same trace always gets the same answer (the
-        first relaxations then have no time limit either).
+        first relaxations then have no time limit either). It does not
+        bound the root node's work, which can take seconds.
+      solution_limit: improving solutions each of HiGHS's solves may find
+        (None: no limit); a limit on work as `node_limit` is, and one that
+        bounds the root node's search for schedules (`WorkLimit`).
       max_rounds: rounds of refinement at most (None: no limit).
       priced: also solve, for schedules, the relaxation that prices what
         recomputing needs (often a cheaper schedule; often most of the time).
@@ -258,8 +264,9 @@ def optimal(
     if not len(graph):
         return result("optimal", "nothing to compute", Scheduled(0.0, 0, []), 0.0)
     # With a limit on work alone, no solve has a limit on time.
-    first_limit = None if time_limit is None and node_limit is not None else INTERVAL_TIME_LIMIT
-    intervals = solve_intervals(graph, budget_bytes, first_limit, rel_gap=rel_gap, node_limit=node_limit)
+    work = WorkLimit(node_limit, solution_limit)
+    first_limit = None if time_limit is None and work.bounded else INTERVAL_TIME_LIMIT
+    intervals = solve_intervals(graph, budget_bytes, first_limit, rel_gap=rel_gap, work=work)
     relaxed = intervals.bound
     if relaxed == math.inf:
         return result("infeasible", "no schedule fits: some step's values alone exceed the budget")
@@ -270,7 +277,7 @@ def optimal(
     # costs no more than the relaxation's bound, it is optimal, and the
     # large MILP is not needed; else it is a schedule the MILP must beat.
     realized, schedules = realize_relaxations(
-        graph, budget_bytes, intervals, relaxed, rel_gap, first_limit, node_limit, priced
+        graph, budget_bytes, intervals, relaxed, rel_gap, first_limit, work, priced
     )
     # DTR's own runs at this budget are stage schedules too, often better
     # than the relaxations' at tight budgets: the schedule to beat.
@@ -296,7 +303,7 @@ def optimal(
         share = 0.8 if solve_milp else 1.0
         limit = None if time_limit is None else time.perf_counter() + share * max(time_limit, 0.0)
         relaxed, realized, rounds, refined = refine(
-            graph, budget_bytes, intervals, schedules, realized, limit, rel_gap, node_limit, max_rounds, priced, stop_at
+            graph, budget_bytes, intervals, schedules, realized, limit, rel_gap, work, max_rounds, priced, stop_at
         )
         if relaxed == math.inf:
             return result("infeasible", "no schedule fits: the refined relaxation has no solution")
@@ -313,7 +320,7 @@ def optimal(
                 f"Checkmate's MILP would have {binaries:,} binaries (more than {MILP_MAX_BINARIES:,}): not built"
             )
             return result("timeout", f"{why}; {done}", realized, relaxed)
-    solved = checkmate(graph, budget_bytes, deadline, rel_gap, node_limit=node_limit)
+    solved = checkmate(graph, budget_bytes, deadline, rel_gap, work=work)
     rows = f"memory rows for {solved.stages_checked} of {len(graph)} stages, {solved.rounds} solve{'s' if solved.rounds != 1 else ''}"
     message = f"Checkmate's MILP ({rows}): {solved.message}" + (f"; before it, {done}" if done else "")
     if solved.status == "infeasible":
