@@ -879,3 +879,48 @@ def test_the_suggestion_search_finds_the_same_budget_with_fewer_simulations(monk
         assert fits == (budget in fitting)
     assert suggested == min(fitting)
     assert ordered < len(simulations), "some probe fit by a heuristic other than the first"
+
+
+@pytest.mark.parametrize("name", ["mlp", "transformer", "resnet"])
+def test_below_the_floor_no_heuristic_is_simulated_and_above_it_every_run_holds_it(name, monkeypatch):
+    """No run holds less than the program's floor (`jdtr.oplog.floor`): the
+    caller's arrays throughout, and at once an equation's inputs and outputs,
+    or every output at the end. Every heuristic's run at budgets down to
+    where it fails peaks at or above it. Below it the error comes before any
+    heuristic runs, names the moment, and suggests a budget a call runs at."""
+    from jdtr.transform.planner import _Simulation
+
+    model = MODELS[name]()
+    args = (model.params, model.batch)
+    f = jdtr.grad(model.loss, return_stats=True)
+    f(*args)
+    (traced,) = f.cache.values()
+    owned = [False] * len(traced.program.inputs)
+    simulate = _Simulation(traced.program, owned, "eager")
+    least = simulate.floor
+    peak = traced.unconstrained_peak
+    assert least.external_bytes == sum(x.nbytes for x in jax.tree_util.tree_leaves(args))
+    assert 0 < least.total_bytes <= peak
+    lowest = peak
+    for heuristic in ("dtr_eq", "msps"):
+        for ratio in (1.0, 0.6, 0.4, 0.3, 0.25):
+            result, counters, _ = simulate(int(peak * ratio), heuristic)
+            if result.ok:
+                assert counters.peak_bytes >= least.total_bytes, (heuristic, ratio)
+                lowest = min(lowest, int(peak * ratio))
+    assert least.total_bytes <= lowest
+
+    def searched(*a, **k):
+        raise AssertionError("a heuristic was simulated below the floor")
+
+    monkeypatch.setattr("jdtr.transform.planner._search", searched)
+    with pytest.raises(jdtr.OutOfBudgetError) as info:
+        jdtr.grad(model.loss, budget=least.total_bytes - 1)(*args)
+    error = info.value
+    assert error.pinned_bytes == least.external_bytes and error.op_name == least.op_name
+    assert error.needed_bytes == least.held_bytes > error.free_bytes
+    monkeypatch.undo()
+    assert error.suggested_budget_bytes >= least.total_bytes
+    grads, stats = jdtr.grad(model.loss, budget=error.suggested_budget_bytes, return_stats=True)(*args)
+    assert stats.peak_bytes <= error.suggested_budget_bytes
+    assert_close(grads, jax.grad(model.loss)(*args), rtol=1e-4, atol=1e-5)

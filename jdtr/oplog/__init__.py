@@ -11,6 +11,8 @@ This was `jdtr.trace` before 0.2, a name now left to the function alone.
 """
 
 from ._errors import LogFormatError as LogFormatError
+from ._floor import Floor as Floor
+from ._floor import floor as floor
 from ._program import AnnounceStep as AnnounceStep
 from ._program import ComputeStep as ComputeStep
 from ._program import Future as Future

@@ -43,7 +43,7 @@ from ..offline import (
     stage_line,
 )
 from ..runtime import Counters, Heuristic, OutOfBudgetError, Timeline
-from ..oplog import Trace, TraceRecorder
+from ..oplog import Floor, Trace, TraceRecorder, floor
 from .collection import collection_paused
 from .lowering import BranchRead, lower, lower_by_path, recording, simulation
 from .program import Equation, Program
@@ -229,6 +229,7 @@ class _Simulation:
             lowered, self.reads = lower_by_path(program, self.path, owned, arguments=arguments, guess=guess)
         self._reads = _Reads()
         self.workload = simulation(program, returned=self.returned, lowered=lowered, on_read=self._reads)
+        self.floor: Floor = floor(lowered)  # no run of it fits under this
         self.reference: Optional[tuple[SimResult, StraightLine, Trace]] = None
         self.events: tuple = ()  # the residency events of the last `optimal` run that fit
 
@@ -331,6 +332,15 @@ def plan_run(
     `cond`s take those branches (`lowering.lower_by_path`)."""
     start = time.perf_counter()
     simulate = _Simulation(program, owned, dealloc, path)
+    least = simulate.floor
+    if budget_bytes < least.total_bytes:
+        # Every candidate would fail, most after thrashing for seconds (a
+        # 64-layer MLP at 0.1 of its peak: 30 s): said at once.
+        error = OutOfBudgetError(least.held_bytes, max(budget_bytes - least.external_bytes, 0), least.external_bytes, 0,
+                                 budget_bytes, least.op_name, least.source)
+        if not suggest:
+            raise error
+        raise error.suggest(_suggest_budget(simulate, candidates(heuristic, program), budget_bytes))
     search = _search(simulate, budget_bytes, candidates(heuristic, program), None, QUICK_OVERHEAD if quick else None)
     if search.best is None:
         assert search.error is not None, "a candidate without a remat limit either fits or runs out of memory"
@@ -499,6 +509,8 @@ def _suggest_budget(
     heuristics = [c for c in tried if c != OPTIMAL]
 
     def fits(budget: int) -> bool:
+        if budget < simulate.floor.total_bytes:
+            return False  # no run fits: none is simulated (the bisection's probes are those it would make)
         for candidate in heuristics:
             if simulate(budget, candidate, remat_limit=limit)[0].ok:
                 # Tried first from now on: the one that fit a budget most often
