@@ -232,3 +232,30 @@ def test_same_decisions_in_a_fresh_process():
     for heuristic, digest in theirs.items():
         ours = _decisions_of(model.loss, model, heuristic, "eager", BUDGETS["mixed"])
         assert hashlib.sha256(repr(ours).encode()).hexdigest() == digest, heuristic
+
+
+# ------------------------------------------------------------------ the floor
+
+
+@given(programs(operations=tuple(name for name in OPERATIONS if name != "cond")), st.sampled_from(DEALLOCS))
+def test_no_run_of_a_random_program_holds_less_than_its_floor(program, dealloc):
+    """`jdtr.oplog.floor` is a lower bound: every run that fits, by any
+    heuristic at any budget, peaks at or above it (the planner raises under
+    it without simulating). Programs without `cond`s: a plan simulates each
+    by its largest branch, and so does the floor."""
+    from jdtr.transform.planner import _Simulation
+
+    note(repr(program))
+    fun, (args, kwargs) = program.loss(), program.arguments()
+    f = jdtr.value_and_grad(fun, program.argnums, program.has_aux, return_stats=True)
+    f(*args, **kwargs)
+    for traced in f.cache.values():
+        simulate = _Simulation(traced.program, [False] * len(traced.program.inputs), dealloc)
+        least = simulate.floor.total_bytes
+        peak = traced.unconstrained_peak
+        assert least <= max(peak, 1)
+        for heuristic in ("dtr_eq", "lru", "msps"):
+            for ratio in (1.0, 0.7, 0.5, 0.35, 0.2):
+                result, counters, _ = simulate(int(peak * ratio), heuristic)
+                if result.ok:
+                    assert counters.peak_bytes >= least, (heuristic, ratio, counters.peak_bytes, simulate.floor)
