@@ -335,7 +335,7 @@ def plan_run(
     least = simulate.floor
     if budget_bytes < least.total_bytes:
         # Every candidate would fail, most after thrashing for seconds (a
-        # 64-layer MLP at 0.1 of its peak: 30 s): said at once.
+        # 64-layer MLP at 0.1 of its peak: 39-44 s): said at once.
         error = OutOfBudgetError(least.held_bytes, max(budget_bytes - least.external_bytes, 0), least.external_bytes, 0,
                                  budget_bytes, least.op_name, least.source)
         if not suggest:
