@@ -26,6 +26,7 @@ was verified to fit in simulation (`OutOfBudgetError.suggested_budget_bytes`).
 
 from __future__ import annotations
 
+import functools
 import math
 import time
 import weakref
@@ -229,9 +230,16 @@ class _Simulation:
             lowered, self.reads = lower_by_path(program, self.path, owned, arguments=arguments, guess=guess)
         self._reads = _Reads()
         self.workload = simulation(program, returned=self.returned, lowered=lowered, on_read=self._reads)
-        self.floor: Floor = floor(lowered)  # no run of it fits under this
+        self.lowered = lowered
         self.reference: Optional[tuple[SimResult, StraightLine, Trace]] = None
         self.events: tuple = ()  # the residency events of the last `optimal` run that fit
+
+    @functools.cached_property
+    def floor(self) -> Floor:
+        """No run of the program fits under this (`oplog.floor`): computed
+        when first asked (by `plan_run` and the suggestion's search; the
+        simulations that refine or observe a plan never ask)."""
+        return floor(self.lowered)
 
     def __call__(
         self,
