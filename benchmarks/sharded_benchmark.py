@@ -12,6 +12,12 @@ repeats; they mean little on a 2-core machine running 8 devices).
     python benchmarks/sharded_benchmark.py --output docs/benchmarks.md
     python benchmarks/sharded_benchmark.py --grad --output docs/benchmarks.md
     python benchmarks/sharded_benchmark.py --grad --manual   # a loss that is one shard_map
+    python benchmarks/sharded_benchmark.py --first-call plan   # one fresh structure, in this process
+
+`--first-call plan|grad` times one structure's first `jdtr.plan` (budget
+0.5, without autotuning), or `jdtr.grad`'s first and second calls, on a loss
+of `--layers` `shard_map` layers with a `psum` each, data parallel over the 8
+devices. Run it in a fresh process for each measure (caches are per process).
 """
 
 from __future__ import annotations
@@ -124,6 +130,37 @@ def _grad_row(model_name: str, mesh_name: str, loss, params, x, ratio: float, re
     )
 
 
+def shard_map_layers(mesh, layers: int):
+    """A loss of `layers` `shard_map` layers (tanh of a matmul, scaled by a
+    `psum` of its mean square) and its arguments: weights replicated, the
+    batch split over the mesh's "data" axis."""
+    m = models.mlp_chain(layers=layers, width=32, batch=4096)
+
+    def layer(w, h):
+        h = jnp.tanh(h @ w)
+        return h * jax.lax.rsqrt(jax.lax.psum(jnp.mean(h * h), "data") / mesh.size + 1.0)
+
+    def loss(ws, x):
+        for w in ws:
+            x = jax.shard_map(layer, mesh=mesh, in_specs=(P(), P("data")), out_specs=P("data"))(w, x)
+        return jnp.mean(x**2)
+
+    params = jax.device_put(m.params, NamedSharding(mesh, P()))
+    return loss, params, jax.device_put(m.batch, NamedSharding(mesh, P("data")))
+
+
+def first_call(what: str, layers: int) -> str:
+    mesh = jax.make_mesh((8,), ("data",), axis_types=(AxisType.Auto,))
+    loss, params, x = shard_map_layers(mesh, layers)
+    if what == "plan":
+        seconds, _ = timed(lambda: jdtr.plan(loss, params, x, budget=0.5, autotune=False))
+        return f"| {layers} shard_map layers | jdtr.plan, budget 0.5 | {seconds:.2f} s | |"
+    step = jdtr.grad(loss, budget=0.5)
+    first, _ = timed(step, params, x)
+    second, _ = timed(step, params, x)
+    return f"| {layers} shard_map layers | jdtr.grad, budget 0.5 | {first:.2f} s | {second:.2f} s |"
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--ratios", type=float, nargs="+", default=[1.0, 0.5, 0.3])
@@ -131,7 +168,12 @@ def main(argv=None):
     parser.add_argument("--grad", action="store_true", help="jdtr.grad instead of jdtr.plan")
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--manual", action="store_true", help="with --grad: only the loss written as one shard_map")
+    parser.add_argument("--first-call", choices=("plan", "grad"), help="time one structure's first plan or call")
+    parser.add_argument("--layers", type=int, default=24, help="with --first-call: shard_map layers")
     args = parser.parse_args(argv)
+    if args.first_call:
+        print(first_call(args.first_call, args.layers))
+        return
     if args.grad:
         lines = [f"### `jdtr.grad` on sharded arguments: bytes per device on an 8-device CPU mesh (issue 24), "
                  f"{datetime.date.today().isoformat()}", "",

@@ -22,6 +22,7 @@ from budgets import biting
 from jdtr import models
 from jdtr.offline import Compute, Free
 from jdtr.transform import chunks as chunks_module
+from jdtr.transform import executable as executable_module
 from jdtr.transform import slack, xla_options
 from jdtr.transform.chunks import Chunk, compiled_chunks, cut
 from jdtr.transform.executor import Execution, slot_avals
@@ -762,11 +763,30 @@ def test_caches_are_bounded_reported_and_cleared():
     assert info.plans >= sum(len(t.plans) for t in traces) >= MAX_TRACES_PER_FUNCTION
     assert info.constant_bytes >= sum(t.constant_bytes for t in traces) == MAX_TRACES_PER_FUNCTION * constant.nbytes
     assert info.compiled_chunks == compiled_chunks() > 0
+    assert info.executables == executable_module.executable_cache_size() > 0
     jdtr.clear_caches()
-    assert jdtr.cache_info() == jdtr.CacheInfo(0, 0, 0, 0, 0) and len(f.cache) == 0
+    assert jdtr.cache_info() == jdtr.CacheInfo(0, 0, 0, 0, 0, executables=0) and len(f.cache) == 0
     grads, stats = f(jnp.ones((3,)))
     assert not stats.cache_hit and stats.planning_time_s > 0
     np.testing.assert_allclose(np.asarray(grads), np.asarray(jax.grad(loss)(jnp.ones((3,)))), rtol=1e-6)
+
+
+def test_the_executables_of_single_equations_are_bounded(monkeypatch):
+    """The executables of single equations are kept least recently used
+    first out: a model whose shapes keep changing does not keep every one
+    it made; a trace keeps those it runs, so its later calls are exact."""
+    monkeypatch.setattr(executable_module, "MAX_EXECUTABLES", 4)
+    jdtr.clear_caches()
+
+    def loss(x):
+        return jnp.sum(jnp.sin(jnp.tanh(x) * 2.0 + jnp.cos(x)) ** 2)
+
+    f = jdtr.grad(loss, chunks="never")
+    for n in (3, 4, 5, 3):  # new shapes, then the first again (its trace is cached)
+        x = jnp.linspace(-1.0, 1.0, n)
+        np.testing.assert_allclose(np.asarray(f(x)), np.asarray(jax.grad(loss)(x)), rtol=1e-6)
+        assert jdtr.cache_info().executables <= 4
+    assert len(f.cache) == 3  # each shape's trace went on with executables the cache had let go
 
 
 def _residual_tanh(ws, x):

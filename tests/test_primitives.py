@@ -19,7 +19,7 @@ from jax import lax
 
 import jdtr
 from jdtr import models
-from jdtr.transform import normalize
+from jdtr.transform import _jax_core, normalize
 
 K = jax.random.PRNGKey(1)
 A = jax.random.normal(K, (6, 8))
@@ -103,3 +103,54 @@ def test_sweep_covers_the_primitives_of_the_reference_models():
         needed |= _program_primitives(normalize(closed))
     assert needed <= covered, f"primitives not swept: {sorted(needed - covered)}"
     assert len(covered) >= 50
+
+
+def _scanned(scale, const=None, length=4):
+    """A loss of three `lax.scan`s, each traced from a fresh closure (so a
+    jaxpr object of its own), computing `scale` (a literal) times its carry."""
+
+    def loss(x):
+        for _ in range(3):
+            def body(c, _):
+                c = jnp.tanh(c * scale)
+                return (c + const if const is not None else c), None
+
+            x = lax.scan(body, x, None, length=length)[0]
+        return jnp.sum(x**2)
+
+    return loss
+
+
+def _scan_executables(loss, x):
+    program = normalize(jax.make_jaxpr(jax.value_and_grad(loss))(x), keep_scans=True)
+    return [item.executable for item in program.body if item.name == "scan"]
+
+
+def test_equal_jaxprs_in_parameters_share_one_executable_and_different_ones_do_not():
+    """Equations whose parameters hold jaxprs (a scan's body; a `shard_map`'s,
+    a `cond`'s branches) share one executable where those jaxprs are equal
+    in structure though traced apart, and so one compilation; a literal, a
+    constant, a shape or a parameter that differs keeps them apart."""
+    x = jnp.linspace(-1.0, 1.0, 8)
+    forward, backward = _scan_executables(_scanned(0.5), x)[:3], _scan_executables(_scanned(0.5), x)[3:]
+    assert len(forward) == len(backward) == 3
+    assert len({id(e) for e in forward}) == 1 and len({id(e) for e in backward}) == 1
+    (same,) = {id(e) for e in _scan_executables(_scanned(0.5), x)[:3]}  # traced again: still that one
+    assert same == id(forward[0])
+    assert id(_scan_executables(_scanned(0.25), x)[0]) != same  # another literal
+    assert id(_scan_executables(_scanned(0.5, length=5), x)[0]) != same  # another parameter
+    assert id(_scan_executables(_scanned(0.5), jnp.ones(4))[0]) != same  # another shape
+    # A scan's closed-over array is an operand (its executable is shared); a jaxpr's own
+    # constants count by identity: the same values in another array are another constant.
+    one, other = jnp.full(8, 0.1), jnp.full(8, 0.1)
+    assert len({id(e) for e in _scan_executables(_scanned(0.5, const=one), x)[:3]}) == 1
+    closed = [jax.make_jaxpr(lambda v, c=c: jnp.sin(v) + c)(x) for c in (one, one, other)]
+    assert [len(c.consts) for c in closed] == [1, 1, 1] and closed[0] is not closed[1]
+    keys = [_jax_core.structural_key({"jaxpr": c}) for c in closed]
+    assert keys[0] == keys[1] and hash(keys[0]) == hash(keys[1]) and keys[0] != keys[2]
+    # And each computes its own: the interpreter's gradients are JAX's.
+    for loss in (_scanned(0.5), _scanned(0.25), _scanned(0.5, const=one)):
+        value, grad = jdtr.value_and_grad(loss, budget=0.6)(x)
+        ref_value, ref_grad = jax.value_and_grad(loss)(x)
+        np.testing.assert_allclose(value, ref_value, rtol=1e-6)
+        np.testing.assert_allclose(grad, ref_grad, rtol=1e-6)

@@ -9,9 +9,12 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import math
+import threading
+from collections import OrderedDict
 from typing import Any, Iterable, Optional
 
 import jax
+import numpy as np
 from jax.extend.core import ClosedJaxpr, Jaxpr, JaxprEqn, Literal, Primitive, Var  # noqa: F401
 
 try:  # a readable "file:line (function)" for error messages
@@ -100,6 +103,120 @@ def without_dead_code(closed: ClosedJaxpr) -> ClosedJaxpr:
     except Exception:  # noqa: BLE001 - an optimisation only: a primitive without a rule keeps the jaxpr
         return closed
     return ClosedJaxpr(jaxpr, closed.consts)
+
+
+class _Same:
+    """A value that keys by identity (a jaxpr's constant: arrays do not
+    hash), kept alive with the key so that its id stays its own."""
+
+    __slots__ = ("value",)
+
+    def __init__(self, value: Any):
+        self.value = value
+
+    def __hash__(self) -> int:
+        return id(self.value)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, _Same) and other.value is self.value
+
+
+class _Structure:
+    """A jaxpr's structure as a key: equal for jaxprs that compute the same
+    function in the same way (equations, parameters, types, literals; its
+    constants by identity), whatever their variables' names and objects.
+    Its hash is computed once: a scan body's key is large."""
+
+    __slots__ = ("key", "_hash")
+
+    def __init__(self, key: tuple):
+        self.key, self._hash = key, hash(key)
+
+    def __hash__(self) -> int:
+        return self._hash
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, _Structure) and (other is self or (other._hash == self._hash and other.key == self.key))
+
+
+# id(jaxpr) -> (the jaxpr, kept so its id is not reused; its structure). A jitted
+# function called in a loop binds one jaxpr many times: its structure is walked once.
+_STRUCTURES: "OrderedDict[int, tuple[Any, _Structure]]" = OrderedDict()
+_STRUCTURES_KEPT = 2048
+_STRUCTURES_LOCK = threading.Lock()
+
+
+def structural_key(params: dict) -> Any:
+    """An equation's parameters as a hashable key in which every jaxpr
+    counts by its structure, not its identity. `shard_map` (and custom
+    derivative rules) trace a fresh jaxpr at every call: by identity, each
+    of a model's identical layers was an executable of its own, compiled
+    once more for XLA's analysis (a loss of 24 `shard_map` layers: 131
+    compilations, 17 of its 20 s of planning). Raises TypeError where a
+    parameter does not hash."""
+    key = tuple((name, _param_key(value)) for name, value in sorted(params.items()))
+    hash(key)
+    return key
+
+
+def context_key(ctx: Any) -> Any:
+    """An equation's context (compute type, PRNG partitioning, mesh, XLA
+    metadata) as a key by value: JAX 0.7 on interns contexts, JAX 0.6
+    makes one per equation, equal ones compared by identity."""
+    values = []
+    for name in getattr(type(ctx), "__slots__", ()):
+        if name != "__weakref__":
+            value = getattr(ctx, name, None)
+            values.append(tuple(sorted(value.items())) if isinstance(value, dict) else value)
+    return (type(ctx), tuple(values)) if values else ctx
+
+
+def _param_key(value: Any) -> Any:
+    if isinstance(value, (Jaxpr, ClosedJaxpr)):
+        return _jaxpr_structure(value)
+    if type(value) is tuple and any(isinstance(v, (Jaxpr, ClosedJaxpr)) for v in value):  # a cond's branches
+        return tuple(_param_key(v) for v in value)
+    return value  # (a jaxpr deeper inside counts by identity: no sharing, never a wrong one)
+
+
+def _jaxpr_structure(jaxpr: "Jaxpr | ClosedJaxpr") -> _Structure:
+    with _STRUCTURES_LOCK:
+        found = _STRUCTURES.get(id(jaxpr))
+        if found is not None:
+            _STRUCTURES.move_to_end(id(jaxpr))
+            return found[1]
+    if isinstance(jaxpr, ClosedJaxpr):
+        key = ("closed", _jaxpr_structure(jaxpr.jaxpr), tuple(_Same(c) for c in jaxpr.consts))
+    else:
+        key = ("open", *_open_structure(jaxpr))
+    structure = _Structure(key)
+    with _STRUCTURES_LOCK:
+        _STRUCTURES[id(jaxpr)] = (jaxpr, structure)
+        if len(_STRUCTURES) > _STRUCTURES_KEPT:
+            _STRUCTURES.popitem(last=False)
+    return structure
+
+
+def _open_structure(jaxpr: Jaxpr) -> tuple:
+    index: dict[Any, int] = {}
+
+    def bind(var: Any) -> Any:  # (a dropped output too: never read, its index is harmless)
+        index[var] = len(index)
+        return var.aval
+
+    def read(atom: Any) -> Any:
+        if isinstance(atom, Literal):
+            array = np.asarray(atom.val)
+            return ("literal", array.dtype.str, array.shape, array.tobytes(), getattr(atom.aval, "weak_type", False))
+        return index[atom]
+
+    head = (tuple(bind(v) for v in jaxpr.constvars), tuple(bind(v) for v in jaxpr.invars))
+    equations = []
+    for eqn in jaxpr.eqns:
+        ins = tuple(read(a) for a in eqn.invars)
+        params = structural_key(eqn.params)
+        equations.append((eqn.primitive, params, ins, tuple(bind(v) for v in eqn.outvars), context_key(eqn.ctx), frozenset(eqn.effects)))
+    return head, tuple(equations), tuple(read(a) for a in jaxpr.outvars), frozenset(jaxpr.effects)
 
 
 def open_jaxpr(jaxpr: "Jaxpr | ClosedJaxpr") -> tuple[Jaxpr, list[Any]]:

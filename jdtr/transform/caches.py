@@ -25,7 +25,7 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any, Callable, Hashable, Iterator, Optional
 
-from . import chunks
+from . import chunks, executable
 from .allocator import Margins
 from .planner import PlannedRun
 from .program import Equation, Program
@@ -194,6 +194,8 @@ class CacheInfo:
       constant_bytes: device bytes of jaxpr constants the traces keep alive.
       chunk_code_bytes: XLA's generated code of the compiled chunks, by its
         `memory_analysis()` (0 where it reports none).
+      executables: the jitted executables of single equations (shared by
+        all traces; `executable.MAX_EXECUTABLES` at most).
     """
 
     traces: int
@@ -201,6 +203,7 @@ class CacheInfo:
     compiled_chunks: int
     constant_bytes: int
     chunk_code_bytes: int
+    executables: int = 0
 
 
 def cache_info() -> CacheInfo:
@@ -213,12 +216,14 @@ def cache_info() -> CacheInfo:
         compiled_chunks=count,
         constant_bytes=sum(t.constant_bytes for t in traces),
         chunk_code_bytes=code,
+        executables=executable.executable_cache_size(),
     )
 
 
 def clear_caches() -> None:
-    """Empties `jdtr.grad`'s caches: traces, plans and compiled chunks. Later
-    calls trace, plan and compile again."""
+    """Empties `jdtr.grad`'s caches: traces, plans, compiled chunks and the
+    executables of single equations. Later calls trace, plan and compile again."""
     for cache in _all_caches():
         cache.clear()
     chunks.clear_chunk_cache()
+    executable.clear_executable_cache()

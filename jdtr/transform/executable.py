@@ -18,6 +18,7 @@ count kept (docs/benchmarks.md).
 from __future__ import annotations
 
 import threading
+from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any, Callable, Hashable, Optional, Sequence
 
@@ -50,7 +51,11 @@ class Analysis:
     out_shardings: Optional[tuple[Any, ...]]
 
 
-_CACHE: dict[Hashable, Executable] = {}
+# Least recently used first out: a model whose shapes keep changing would
+# otherwise keep every executable (and XLA's code for it) it ever made. A
+# trace holds its equations' executables, so what a cached trace runs stays.
+MAX_EXECUTABLES = 4096
+_CACHE: "OrderedDict[Hashable, Executable]" = OrderedDict()
 _LOCK = threading.Lock()
 
 
@@ -76,6 +81,7 @@ def executable(
     with _LOCK:
         found = _CACHE.get(key)
         if found is not None:
+            _CACHE.move_to_end(key)
             return found
     impl = build()
     options: dict[str, Any] = {"compiler_options": compiler_options() or None}
@@ -92,9 +98,23 @@ def executable(
     try:
         with _LOCK:
             _CACHE[key] = made
+            while len(_CACHE) > MAX_EXECUTABLES:
+                _CACHE.popitem(last=False)
     except TypeError:  # unhashable params: this equation keeps its own
         pass
     return made
+
+
+def executable_cache_size() -> int:
+    """The executables of single equations cached."""
+    with _LOCK:
+        return len(_CACHE)
+
+
+def clear_executable_cache() -> None:
+    """Drops every cached executable (traces made before keep theirs)."""
+    with _LOCK:
+        _CACHE.clear()
 
 
 def primitive_executable(eqn: "_jax_core.JaxprEqn", inputs: Sequence[Any]) -> Executable:
@@ -103,14 +123,12 @@ def primitive_executable(eqn: "_jax_core.JaxprEqn", inputs: Sequence[Any]) -> Ex
     `inputs` are the equation's atoms: program values (passed at call time)
     or `Const`s (closed over, so no device array is made for them per call).
     """
-    subfuns, params = _jax_core.bind_params(eqn)
-
     def build():  # on a cache miss only: a hit needs the key alone
         bind = binder(eqn, inputs)
         return lambda *args: bind(args)
 
     operands = tuple(const_key(a.value) if isinstance(a, Const) else (a.shape, a.dtype, a.weak_type) for a in inputs)
-    return executable(bound_key("prim", eqn, subfuns, params, operands), build, eqn.primitive.multiple_results)
+    return executable(bound_key("prim", eqn, operands), build, eqn.primitive.multiple_results)
 
 
 def binder(eqn: "_jax_core.JaxprEqn", inputs: Sequence[Any]) -> Callable[[Sequence[Any]], Any]:
@@ -136,12 +154,14 @@ def binder(eqn: "_jax_core.JaxprEqn", inputs: Sequence[Any]) -> Callable[[Sequen
     return bind
 
 
-def bound_key(tag: Hashable, eqn: "_jax_core.JaxprEqn", subfuns: tuple, params: dict, operands: Hashable) -> Hashable:
-    """The cache key of an executable that binds `eqn`'s primitive with
-    `params` on operands described by `operands`: equal equations share one
-    executable. One of its own where the parameters do not hash."""
+def bound_key(tag: Hashable, eqn: "_jax_core.JaxprEqn", operands: Hashable) -> Hashable:
+    """The cache key of an executable that binds `eqn`'s primitive (with the
+    parameters and sub-functions `bind_params` makes of its own) on operands
+    described by `operands`: equal equations share one executable, jaxprs
+    in their parameters compared by structure. One of its own where the
+    parameters do not hash."""
     try:
-        return (tag, eqn.primitive, _hashable(tuple(sorted(params.items()))), _hashable(subfuns), operands, _hashable(eqn.ctx))
+        return (tag, eqn.primitive, _jax_core.structural_key(eqn.params), operands, _hashable(_jax_core.context_key(eqn.ctx)))
     except TypeError:
         return ("unique", id(eqn), object())
 

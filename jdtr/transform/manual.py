@@ -115,7 +115,6 @@ class Layout:
 
         `inputs` are its atoms: `Const`s are closed over; the others are
         passed laid out (their leading axis is this device's)."""
-        subfuns, params = _jax_core.bind_params(eqn)
         literals = tuple(a.value if isinstance(a, Const) else None for a in inputs)
         is_const = tuple(isinstance(a, Const) for a in inputs)
         in_specs = tuple(self.spec(v.aval) for v, c in zip(eqn.invars, is_const) if not c)
@@ -136,5 +135,5 @@ class Layout:
             tuple(const_key(a) if c else None for a, c in zip(literals, is_const)),
             tuple((tuple(v.aval.shape), v.aval.dtype, _jax_core.varying_axes(v.aval)) for v in eqn.invars),
         )
-        key = bound_key("jdtr.manual", eqn, subfuns, params, operands)
+        key = bound_key("jdtr.manual", eqn, operands)
         return executable(key, build, multiple_results=True)
