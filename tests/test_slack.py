@@ -13,6 +13,7 @@ import jdtr
 from jdtr import models
 from jdtr.transform import slack
 from jdtr.transform.chunks import Chunk, count
+from jdtr.transform.planner import OPTIMAL, plan_run
 
 
 def _plan(f):
@@ -100,3 +101,25 @@ def test_a_call_writing_a_log_keeps_the_plan_at_the_budget(tight, tmp_path):
     assert stats.execution == "chunks" and _plan(f).slack == 0
     sim = jdtr.simulate(jdtr.Trace.from_log(log), stats.budget_bytes, stats.heuristic, overhead_limit=None)
     assert (sim.peak_bytes, sim.evictions, sim.rematerializations) == (stats.peak_bytes, stats.evictions, stats.rematerializations)
+
+
+def test_the_solvers_plan_is_cut_as_it_is(monkeypatch):
+    """`jdtr.optimal`'s plan is not planned again below the budget for fewer
+    chunks: each budget there would be a solve of its own, seconds each."""
+    model = models.mlp_chain(layers=8, width=16, batch=32)
+    f = jdtr.grad(model.loss, return_stats=True, chunks="never")
+    peak = f(model.params, model.batch)[1].unconstrained_peak_bytes
+    (traced,) = f.cache.values()
+    program, owned = traced.program, [False] * len(traced.program.inputs)
+    budget = int(0.6 * peak)
+    plan = plan_run(program, budget, OPTIMAL, "eager", owned)
+    assert plan.candidate == OPTIMAL and count(plan.line, budget) > slack.FEW_CHUNKS  # a heuristic's would be re-planned
+
+    def planned_below(*args, **kwargs):
+        raise AssertionError("planned again below the budget")
+
+    monkeypatch.setattr(slack, "plans_below", planned_below)
+    assert slack.plan_for_chunks(plan, program, owned, "eager", budget) is plan
+    heuristic = plan_run(program, budget, "dtr_eq", "eager", owned)
+    with pytest.raises(AssertionError, match="planned again"):
+        slack.plan_for_chunks(heuristic, program, owned, "eager", budget)

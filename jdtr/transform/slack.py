@@ -30,7 +30,7 @@ import time
 from typing import Optional, Sequence
 
 from .chunks import count
-from .planner import PlannedRun, plans_below, refine
+from .planner import OPTIMAL, PlannedRun, plans_below, refine
 from .program import Program
 
 # The budgets tried below the budget, as fractions of it taken off.
@@ -51,8 +51,12 @@ def plan_for_chunks(plan: PlannedRun, program: Program, owned: Sequence[bool], d
     """The plan to cut into chunks at `budget_bytes`: `plan` (made for that
     budget), or one made for a little less by its heuristic, whichever costs
     least with each chunk priced as an average equation. A plan kept under
-    a scan strategy stays under it; a plan by paths of `cond`s is kept."""
-    if plan.path is not None:
+    a scan strategy stays under it; a plan by paths of `cond`s is kept, and
+    so is `jdtr.optimal`'s: each budget below would be a solve of its own,
+    seconds each (a BatchNorm CNN at 0.6 of its peak: two solves, 6-11 s of
+    its second call, for plans that were not kept), and its schedule is the
+    least compute the solver found at the budget."""
+    if plan.path is not None or plan.candidate == OPTIMAL:
         return plan
     start = time.perf_counter()
     program = plan.program or program
