@@ -154,3 +154,20 @@ def test_equal_jaxprs_in_parameters_share_one_executable_and_different_ones_do_n
         ref_value, ref_grad = jax.value_and_grad(loss)(x)
         np.testing.assert_allclose(value, ref_value, rtol=1e-6)
         np.testing.assert_allclose(grad, ref_grad, rtol=1e-6)
+
+
+def test_a_jaxprs_structure_is_remembered_without_keeping_it_alive():
+    """The structure of a jaxpr in an equation's parameters is walked once
+    per jaxpr object, and the memo does not keep the jaxpr (or the device
+    arrays among its constants) alive."""
+    import gc
+    import weakref
+
+    x = jnp.ones(8)
+    closed = jax.make_jaxpr(lambda v: jnp.sin(v) + jnp.full(8, 0.5))(x)
+    first = _jax_core.structural_key({"jaxpr": closed})
+    assert _jax_core.structural_key({"jaxpr": closed})[0][1] is first[0][1]  # remembered, not walked again
+    dead = weakref.ref(closed)
+    del closed, first
+    gc.collect()
+    assert dead() is None

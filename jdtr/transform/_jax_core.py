@@ -9,8 +9,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import math
-import threading
-from collections import OrderedDict
+import weakref
 from typing import Any, Iterable, Optional
 
 import jax
@@ -139,21 +138,23 @@ class _Structure:
         return isinstance(other, _Structure) and (other is self or (other._hash == self._hash and other.key == self.key))
 
 
-# id(jaxpr) -> (the jaxpr, kept so its id is not reused; its structure). A jitted
-# function called in a loop binds one jaxpr many times: its structure is walked once.
-_STRUCTURES: "OrderedDict[int, tuple[Any, _Structure]]" = OrderedDict()
-_STRUCTURES_KEPT = 2048
-_STRUCTURES_LOCK = threading.Lock()
+# id(jaxpr) -> (a weak reference to it, its structure): a jitted function called
+# in a loop binds one jaxpr many times, and its structure is walked once. Weak,
+# so that the memo keeps no jaxpr (nor the device arrays among its constants)
+# alive; an entry goes with its jaxpr (plain dict operations, atomic, so a
+# collection in any thread may drop one).
+_STRUCTURES: dict[int, tuple[Any, "_Structure"]] = {}
 
 
 def structural_key(params: dict) -> Any:
     """An equation's parameters as a hashable key in which every jaxpr
-    counts by its structure, not its identity. `shard_map` (and custom
-    derivative rules) trace a fresh jaxpr at every call: by identity, each
-    of a model's identical layers was an executable of its own, compiled
-    once more for XLA's analysis (a loss of 24 `shard_map` layers: 131
-    compilations, 17 of its 20 s of planning). Raises TypeError where a
-    parameter does not hash."""
+    counts by its structure, not its identity. `shard_map` and `scan` trace
+    a fresh jaxpr at every call: by identity, each of a model's identical
+    layers was an executable of its own, compiled once more for XLA's
+    analysis on a mesh (a loss of 24 `shard_map` layers: 131 compilations,
+    17 of its 20 s of planning). Raises TypeError where a parameter does
+    not hash (a callable, such as a custom derivative's rule, counts by
+    identity)."""
     key = tuple((name, _param_key(value)) for name, value in sorted(params.items()))
     hash(key)
     return key
@@ -180,20 +181,21 @@ def _param_key(value: Any) -> Any:
 
 
 def _jaxpr_structure(jaxpr: "Jaxpr | ClosedJaxpr") -> _Structure:
-    with _STRUCTURES_LOCK:
-        found = _STRUCTURES.get(id(jaxpr))
-        if found is not None:
-            _STRUCTURES.move_to_end(id(jaxpr))
-            return found[1]
+    found = _STRUCTURES.get(id(jaxpr))
+    if found is not None and found[0]() is jaxpr:
+        return found[1]
     if isinstance(jaxpr, ClosedJaxpr):
         key = ("closed", _jaxpr_structure(jaxpr.jaxpr), tuple(_Same(c) for c in jaxpr.consts))
     else:
         key = ("open", *_open_structure(jaxpr))
     structure = _Structure(key)
-    with _STRUCTURES_LOCK:
-        _STRUCTURES[id(jaxpr)] = (jaxpr, structure)
-        if len(_STRUCTURES) > _STRUCTURES_KEPT:
-            _STRUCTURES.popitem(last=False)
+    ident = id(jaxpr)
+
+    def forget(ref: Any) -> None:
+        if _STRUCTURES.get(ident, (None,))[0] is ref:
+            _STRUCTURES.pop(ident, None)
+
+    _STRUCTURES[ident] = (weakref.ref(jaxpr, forget), structure)
     return structure
 
 

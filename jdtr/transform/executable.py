@@ -123,6 +123,7 @@ def primitive_executable(eqn: "_jax_core.JaxprEqn", inputs: Sequence[Any]) -> Ex
     `inputs` are the equation's atoms: program values (passed at call time)
     or `Const`s (closed over, so no device array is made for them per call).
     """
+
     def build():  # on a cache miss only: a hit needs the key alone
         bind = binder(eqn, inputs)
         return lambda *args: bind(args)
