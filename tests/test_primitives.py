@@ -10,6 +10,8 @@ gradients of the reference models.
 from __future__ import annotations
 
 import functools
+import gc
+import weakref
 
 import jax
 import jax.numpy as jnp
@@ -160,9 +162,6 @@ def test_a_jaxprs_structure_is_remembered_without_keeping_it_alive():
     """The structure of a jaxpr in an equation's parameters is walked once
     per jaxpr object, and the memo does not keep the jaxpr (or the device
     arrays among its constants) alive."""
-    import gc
-    import weakref
-
     x = jnp.ones(8)
     closed = jax.make_jaxpr(lambda v: jnp.sin(v) + jnp.full(8, 0.5))(x)
     first = _jax_core.structural_key({"jaxpr": closed})
