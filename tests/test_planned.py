@@ -967,3 +967,33 @@ def test_below_the_floor_no_heuristic_is_simulated_and_above_it_every_run_holds_
         grads, stats = jdtr.grad(model.loss, budget=error.suggested_budget_bytes, return_stats=True)(*args)
     assert stats.peak_bytes <= error.suggested_budget_bytes and stats.overhead <= THRASH_OVERHEAD
     assert_close(grads, jax.grad(model.loss)(*args), rtol=1e-4, atol=1e-5)
+
+
+def test_where_no_heuristic_fits_the_solver_refines_one_round(monkeypatch):
+    """With no heuristic's schedule to beat, the solver's second round of
+    refinement stalled an `OutOfBudgetError` for 20 s (an 8-layer MLP) and
+    found nothing: there it refines one round; with a schedule to beat, two."""
+    from jdtr.transform import planner
+
+    model = models.mlp_chain(layers=8, width=16, batch=64)
+    args = (model.params, model.batch)
+    with pytest.raises(jdtr.OutOfBudgetError) as info:
+        jdtr.grad(model.loss, budget=0.05)(*args)
+    suggested = info.value.suggested_budget_bytes
+    rounds = []
+    real = planner.optimal
+
+    def solved(*a, **k):
+        rounds.append(k["max_rounds"])
+        return real(*a, **k)
+
+    monkeypatch.setattr(planner, "optimal", solved)
+    with pytest.raises(jdtr.OutOfBudgetError):  # under the least budget found, above the floor
+        jdtr.grad(model.loss, budget=int(suggested * 0.92))(*args)
+    assert rounds == [planner.OPTIMAL_ROUNDS_WITHOUT_A_FIT] == [1]
+    rounds.clear()
+    f = jdtr.grad(model.loss, budget=suggested, return_stats=True)
+    f(*args)
+    grads, stats = f(*args)  # the plan refined on its second call: the solver has a schedule to beat
+    assert rounds and set(rounds) == {planner.OPTIMAL_MAX_ROUNDS} and stats.peak_bytes <= suggested
+    assert_close(grads, jax.grad(model.loss)(*args), rtol=1e-4, atol=1e-5)

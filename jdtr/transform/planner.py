@@ -81,6 +81,12 @@ OPTIMAL_NODE_LIMIT = 1
 OPTIMAL_SOLUTION_LIMIT = 3
 OPTIMAL_MAX_ROUNDS = 2
 OPTIMAL_WORTH_ABOVE = 1.2
+# Where no heuristic fits, the solver refines one round: a second round then
+# stalled the error for seconds and found nothing (a 12-layer MLP of width 32
+# at 0.4 of its peak: 21 s of HiGHS's root node on the refined model; an 8-layer
+# MLP, 20 s; on six small models at 0.92 and 0.97 of their least fitting
+# budget, two rounds and one raised or fitted alike). docs/benchmarks.md.
+OPTIMAL_ROUNDS_WITHOUT_A_FIT = 1
 
 # The suggested budget is searched by bisection to within this fraction of
 # the unconstrained peak.
@@ -268,14 +274,16 @@ class _Simulation:
         line = backend.line(self.returned) if result.ok else None
         return result, counters, line
 
-    def optimal(self, budget_bytes: int, remat_limit: Optional[float] = None) -> tuple[SimResult, Counters, Optional[StraightLine]]:
+    def optimal(
+        self, budget_bytes: int, remat_limit: Optional[float] = None, rounds: int = OPTIMAL_MAX_ROUNDS
+    ) -> tuple[SimResult, Counters, Optional[StraightLine]]:
         """`jdtr.optimal`'s schedule as a run: solved on the program's operator
         log, written over the operators of a run without a budget (the log's
         recording), and measured (`stage_line`). Its status is "oom" when the
         solver found no schedule or its run would not fit, "thrash" when a
         schedule recomputing `remat_limit` is within OPTIMAL_WORTH_ABOVE of
         the optimum by a bound of the solver's, before it found a schedule
-        (no need to solve further)."""
+        (no need to solve further). `rounds`: of the solver's refinement, at most."""
         if self.reference is None:
             recorder = TraceRecorder()
             result, _, line = self(math.inf, "dtr_eq", recorder=recorder)
@@ -296,7 +304,7 @@ class _Simulation:
             method="relaxation",
             node_limit=OPTIMAL_NODE_LIMIT,
             solution_limit=OPTIMAL_SOLUTION_LIMIT,
-            max_rounds=OPTIMAL_MAX_ROUNDS,
+            max_rounds=rounds,
             priced=False,
             stop_at_bound=enough,
         )
@@ -482,7 +490,10 @@ def _search(simulate: _Simulation, budget_bytes: int, pending: Sequence[Union[st
             if best[0].overhead <= OPTIMAL_WORTH_ABOVE:
                 continue  # within that of any optimum: it costs at least the baseline
         limit = best[0].remat_cost if best is not None else None
-        result, counters, line = simulate(budget_bytes, candidate, remat_limit=limit)
+        if candidate == OPTIMAL and best is None:
+            result, counters, line = simulate.optimal(budget_bytes, rounds=OPTIMAL_ROUNDS_WITHOUT_A_FIT)
+        else:
+            result, counters, line = simulate(budget_bytes, candidate, remat_limit=limit)
         tried.append((result.heuristic, result.overhead))
         if result.ok and (best is None or result.remat_cost < best[0].remat_cost):
             best = (result, counters, line, candidate)
