@@ -15,6 +15,7 @@ from .runtime import DEFAULT_HEURISTIC as DEFAULT_HEURISTIC
 from .runtime import HEURISTICS as HEURISTICS
 from .runtime import Heuristic as Heuristic
 from .runtime import OutOfBudgetError as OutOfBudgetError
+from .runtime import OverheadLimitError as OverheadLimitError
 from .runtime import ThrashWarning as ThrashWarning
 from .simulator import OptimalResult as OptimalResult
 from .simulator import SimResult as SimResult
@@ -53,6 +54,7 @@ __all__ = [
     "OpInfo",
     "OptimalResult",
     "OutOfBudgetError",
+    "OverheadLimitError",
     "ThrashWarning",
     "Plan",
     "PolicyWarning",

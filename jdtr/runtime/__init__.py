@@ -1,6 +1,7 @@
 """The DTR algorithm itself: no JAX here, so it runs on device buffers and in simulation alike."""
 
 from .errors import OutOfBudgetError as OutOfBudgetError
+from .errors import OverheadLimitError as OverheadLimitError
 from .errors import ThrashWarning as ThrashWarning
 from .errors import format_bytes as format_bytes
 from .graph import Operator as Operator
@@ -40,6 +41,7 @@ __all__ = [
     "Observer",
     "Operator",
     "OutOfBudgetError",
+    "OverheadLimitError",
     "RatioHeuristic",
     "RunView",
     "Runtime",

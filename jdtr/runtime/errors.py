@@ -33,6 +33,7 @@ class OutOfBudgetError(MemoryError):
     """
 
     suggested_budget_bytes: Optional[int] = None
+    _SUGGESTION = "fits"  # what the message says a suggested budget does
 
     def __init__(
         self,
@@ -66,10 +67,51 @@ class OutOfBudgetError(MemoryError):
         """Adds a budget verified to fit (`suggested_budget_bytes`) to the error and its message."""
         self.suggested_budget_bytes = int(budget_bytes)
         self.args = (
-            f"{self.args[0]} A budget of {format_bytes(budget_bytes)} ({int(budget_bytes)} bytes) fits: "
-            f"it was verified by {verified_by}.",
+            f"{self.args[0]} A budget of {format_bytes(budget_bytes)} ({int(budget_bytes)} bytes) "
+            f"{self._SUGGESTION}: it was verified by {verified_by}.",
         )
         return self
+
+
+class OverheadLimitError(OutOfBudgetError):
+    """No plan keeps the budget without recomputing more than `overhead_limit`
+    times the step's compute: of the candidates tried, before any device
+    work, some were still thrashing where their simulations were cut off
+    there, and the others ran out of memory.
+
+    A planned run is not made past that overhead: its simulation alone can
+    take minutes (the evicted regions a heuristic scores grow with the
+    thrashing), and the run would take the step's time many times over.
+    `mode="online"`, the paper's algorithm, runs without that limit.
+
+    Attributes:
+      overhead_limit: the overhead (compute over the step's) where the
+        simulations were cut off.
+      budget_bytes: the budget.
+      heuristics: the heuristics cut off there.
+      suggested_budget_bytes: where a planner searched for one, a budget it
+        verified in simulation to run without thrashing; None otherwise.
+
+    The fields of an operation that did not fit (`needed_bytes`,
+    `free_bytes`, `pinned_bytes`, `locked_bytes`, `op_name`, `source`) are
+    None: no operation failed.
+    """
+
+    _SUGGESTION = "runs at overhead 2 or less"
+
+    def __init__(self, overhead_limit: float, budget_bytes: int, heuristics: tuple[str, ...]):
+        self.overhead_limit = overhead_limit
+        self.heuristics = tuple(heuristics)
+        self.budget_bytes = budget_bytes
+        self.needed_bytes = self.free_bytes = self.pinned_bytes = self.locked_bytes = None
+        self.op_name = self.source = None
+        names = ", ".join(repr(h) for h in self.heuristics)
+        MemoryError.__init__(
+            self,
+            f"jdtr: no plan keeps the budget of {format_bytes(budget_bytes)} ({budget_bytes} bytes) within "
+            f"overhead {overhead_limit:g}: {names} recomputed more than {overhead_limit - 1:g}x the step's "
+            "compute and went on thrashing, where a planned run is cut off (mode=\"online\" runs without that limit).",
+        )
 
 
 class ThrashWarning(UserWarning):

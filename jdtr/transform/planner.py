@@ -43,7 +43,7 @@ from ..offline import (
     run,
     stage_line,
 )
-from ..runtime import Counters, Heuristic, OutOfBudgetError, Timeline
+from ..runtime import Counters, Heuristic, OutOfBudgetError, OverheadLimitError, Timeline
 from ..oplog import Floor, Trace, TraceRecorder, floor
 from .collection import collection_paused
 from .lowering import BranchRead, lower, lower_by_path, recording, simulation
@@ -106,6 +106,13 @@ THRASH_OVERHEAD = 2.0
 # near the boundary, where every candidate thrashes, that is most of the
 # search (docs/benchmarks.md, 2026-11-28).
 SUGGESTION_OVERHEAD_LIMIT = THRASH_OVERHEAD
+# No planned run recomputes more than this (compute over the step's): a
+# candidate with no schedule to beat is cut off there, and where every one
+# is, the call raises `OverheadLimitError` with a budget that runs without
+# thrashing. Past it a simulation's cost grows with the thrashing (the
+# evicted regions scored grow): dtr_eq on a fresh TreeLSTM at half its peak
+# simulated 110 s to a 30x plan, 5.7 s to this cut-off (docs/benchmarks.md).
+MAX_OVERHEAD = 4.0
 
 
 def plannable(program: Program) -> bool:
@@ -364,7 +371,7 @@ def plan_run(
         raise error.suggest(_suggest_budget(simulate, candidates(heuristic, program), budget_bytes))
     search = _search(simulate, budget_bytes, candidates(heuristic, program), None, QUICK_OVERHEAD if quick else None)
     if search.best is None:
-        assert search.error is not None, "a candidate without a remat limit either fits or runs out of memory"
+        assert search.error is not None, "a candidate with no schedule to beat fits, runs out of memory or passes MAX_OVERHEAD"
         if not suggest:
             raise search.error
         raise search.error.suggest(_suggest_budget(simulate, candidates(heuristic, program), budget_bytes))
@@ -480,21 +487,29 @@ class _Search:
 def _search(simulate: _Simulation, budget_bytes: int, pending: Sequence[Union[str, Heuristic]], best, quick: Optional[float]) -> _Search:
     """Simulates `pending` in order, keeping the cheapest fitting run (ties to
     the earlier, `best` first of all); stops early at a run with nothing to
-    recompute, or, with `quick`, at one within that overhead."""
+    recompute, or, with `quick`, at one within that overhead. A candidate is
+    cut off at the best run's compute, or, before any fits, at MAX_OVERHEAD
+    (where every one is, the error is an `OverheadLimitError`)."""
     tried: list[tuple[str, Optional[float]]] = []
     first_error: Optional[OutOfBudgetError] = None
+    thrashing: list[str] = []  # candidates cut off at MAX_OVERHEAD
+    cap = (MAX_OVERHEAD - 1.0) * simulate.workload.baseline.cost
     for i, candidate in enumerate(pending):
         if candidate == OPTIMAL and best is not None:
             if quick is not None:  # a solve takes seconds: when the structure comes back
                 return _Search(best, tuple(tried), tuple(pending[i:]), first_error)
             if best[0].overhead <= OPTIMAL_WORTH_ABOVE:
                 continue  # within that of any optimum: it costs at least the baseline
-        limit = best[0].remat_cost if best is not None else None
+        limit = best[0].remat_cost if best is not None else cap
         if candidate == OPTIMAL and best is None:
             result, counters, line = simulate.optimal(budget_bytes, rounds=OPTIMAL_ROUNDS_WITHOUT_A_FIT)
+            if result.ok and result.remat_cost > cap:  # the optimum itself thrashes past the cap
+                result = replace(result, status="thrash", overhead=None)
         else:
             result, counters, line = simulate(budget_bytes, candidate, remat_limit=limit)
         tried.append((result.heuristic, result.overhead))
+        if result.status == "thrash" and best is None:
+            thrashing.append(result.heuristic)
         if result.ok and (best is None or result.remat_cost < best[0].remat_cost):
             best = (result, counters, line, candidate)
             if result.remat_cost == 0:
@@ -503,6 +518,10 @@ def _search(simulate: _Simulation, budget_bytes: int, pending: Sequence[Union[st
                 return _Search(best, tuple(tried), tuple(pending[i + 1 :]), first_error)
         elif result.status == "oom" and first_error is None and result.error is not None:
             first_error = result.error
+    if best is None and thrashing:
+        # Some candidate kept the budget as far as the cut-off: said so, rather
+        # than another's running out of memory.
+        first_error = OverheadLimitError(MAX_OVERHEAD, budget_bytes, tuple(thrashing))
     return _Search(best, tuple(tried), (), first_error)
 
 
