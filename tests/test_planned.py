@@ -846,9 +846,14 @@ def test_a_thrashing_run_says_so_with_a_budget_that_does_not():
         grads, stats = calm(*args)
         assert stats.overhead <= 2.0
         assert_close(grads, expected, rtol=1e-4, atol=1e-5)
+        # A bisection to 1/256 of the peak: a little less no longer runs within 2.
+        step = stats.unconstrained_peak_bytes // 256
+        tighter = jdtr.grad(model.loss, budget=warning.suggested_budget_bytes - 2 * step, heuristic="dtr_eq", mode="online")
     with pytest.warns(jdtr.ThrashWarning) as online:
         jdtr.grad(model.loss, budget=budget, heuristic="dtr_eq", mode="online")(*args)
     assert online[0].message.suggested_budget_bytes is None
+    with pytest.warns(jdtr.ThrashWarning):
+        tighter(*args)
 
 
 def test_a_plan_past_max_overhead_raises_before_any_device_work_with_a_calm_budget():
