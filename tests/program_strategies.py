@@ -1171,7 +1171,7 @@ def check_run(
     except jdtr.OutOfBudgetError as err:
         out_of_budget: Optional[str] = str(err)
         assert not unconstrained or dealloc == "ignore", f"out of budget at {budget}: {err}"
-        if isinstance(err, jdtr.OverheadLimitError):  # every candidate still thrashing where cut off
+        if isinstance(err, jdtr.OverheadLimitError):  # no candidate fits within MAX_OVERHEAD; one was cut off there
             assert err.suggested_budget_bytes is None or err.suggested_budget_bytes > err.budget_bytes, str(err)
         else:
             assert err.needed_bytes > err.free_bytes, str(err)

@@ -491,9 +491,10 @@ def value_and_grad(
         fits, with a budget verified to fit (`suggested_budget_bytes`). A
         path of a `cond` on data whose plan does not fit is run online
         (from its start; the call raises it if that does not fit either).
-        `jdtr.OverheadLimitError`, a subclass, where every candidate
-        still thrashed at overhead 4 (`planner.MAX_OVERHEAD`), where its
-        simulation is cut off (online runs have no such limit).
+        `jdtr.OverheadLimitError`, a subclass, where no candidate fits
+        within overhead 4 (`planner.MAX_OVERHEAD`, where a plan's
+        simulation is cut off) and one was still thrashing there; online
+        runs have no such limit.
 
     Example:
       >>> import jax.numpy as jnp, jdtr
