@@ -33,6 +33,14 @@ saved activation (a 6-layer CNN: 20.7 MiB where the cond-gated step took
 so nothing that reads one can run before the backward pass reaches the
 segment (14.6 MiB there); which of the two XLA compiles smaller varies with
 the model, so the planner measures both (`plan_search.PlanSearch`).
+
+Nested segments gated by conds nest conds, and XLA assigns a conditional's
+temporaries apart from its caller's, so a nest n deep can hold n levels of
+them at once: a 16-layer tanh MLP nested to the left in one group compiled
+to 26 MiB gated by conds, as much as `jax.grad`'s step, and to 13 MiB with
+every segment tainted (the gate "taint"; `benchmarks/nest_gates.py`). On a transformer the conds
+compiled smaller (3.1 against 3.7 MiB), so the planner measures a nested
+plan both ways too.
 """
 
 from __future__ import annotations
@@ -110,8 +118,9 @@ def named_forward(program: Program):
 
 
 # "auto": the taint ("select") for segments that recompute a convolution,
-# else "cond"; "inputs": as "auto", every residual selected too ("select_all").
-GATES = ("auto", "inputs", "cond")
+# else "cond"; "inputs": as "auto", every residual selected too ("select_all");
+# "cond": conds for every segment; "taint": the taint for every segment.
+GATES = ("auto", "inputs", "cond", "taint")
 
 
 def protects(implementation: str) -> bool:
@@ -153,7 +162,9 @@ def _run_segment(
     a segment gated by "select", which its children take from it."""
     inputs = [v for v in seg.inputs if v not in consts]
     selected = implementation == "protected" and (
-        taint is not None or (gate in ("auto", "inputs") and _recomputes_a_convolution(program, seg))
+        taint is not None
+        or gate == "taint"
+        or (gate in ("auto", "inputs") and _recomputes_a_convolution(program, seg))
     )
     select = "select_all" if gate == "inputs" else "select"
 

@@ -21,7 +21,7 @@ import jax
 
 from ..offline import run
 from ..runtime import Observer, OutOfBudgetError, format_bytes
-from .checkpoint import gates_differ
+from .checkpoint import gates_differ, protects
 from .checkpoint_plan import Plan, layout
 from .program import Equation, Value
 from .segments import LEFT_NESTED_MAX, nested_left, predicted_bytes, segments, uniform_leaves
@@ -133,6 +133,9 @@ class PlanSearch:
         self.tried: set = set()
         self.compiled: list[tuple[Plan, Any]] = []  # every plan measured, with its executable
         self.best: Optional[Plan] = None
+        # Whether the taint compiled a nested plan smaller than conds did
+        # (None: not measured yet); `_taint_nests`.
+        self.taint_helps: Optional[bool] = None
 
     def record(self, candidate: Plan, executable_and_bytes: tuple[Any, int]) -> Plan:
         executable, nbytes = executable_and_bytes
@@ -183,6 +186,12 @@ class PlanSearch:
                 if not gated:  # kept in `planning.measured`, for `_measured_before`
                     gated = True
                     self.measure(dataclasses.replace(plan, gate="cond", compiled_bytes=None))
+            elif self._taint_nests(plan):
+                tainted = self.measure(dataclasses.replace(plan, gate="taint", compiled_bytes=None))
+                if tainted.compiled_bytes <= target:
+                    return self._closer(tainted)
+                self.taint_helps = tainted.compiled_bytes < plan.compiled_bytes
+                plan = min(plan, tainted, key=lambda p: p.compiled_bytes)
             # XLA needed more than the plan's memory model predicted: plan for
             # proportionally less.
             if planning.scale is not None:
@@ -196,7 +205,24 @@ class PlanSearch:
             nested = self._nested_left(tainted)
             if nested is not None:
                 return nested
-        return self._measured_before()
+            return self._measured_before()
+        # Without convolutions, a plan measured before that fits recomputes
+        # less than a left nesting, which keeps the least of all (one input
+        # per group) for recompute quadratic in the group's size.
+        before = self._measured_before()
+        if before is not None:
+            return before
+        plain = sorted((p for p, _ in self.compiled if p.gate != "cond"), key=lambda p: p.compiled_bytes)
+        return self._nested_left(plain) if plain else None
+
+    def _taint_nests(self, plan: Plan) -> bool:
+        """Whether to measure `plan`, nested and gated by conds, with every
+        segment tainted instead (`checkpoint`'s docstring: nested conds hold
+        their temporaries at once). Which compiles smaller varies with the
+        model, so once the taint compiled one nested plan larger, it is not
+        tried again in this search."""
+        nests = any(seg.children for seg in plan.segments)
+        return nests and plan.gate == "auto" and protects(self.implementation) and self.taint_helps is not False
 
     def _measured_before(self) -> Optional[Plan]:
         """Where the search's own path found none that fits: the plan that fits
@@ -225,7 +251,8 @@ class PlanSearch:
 
     def _nested_left(self, tainted: list[Plan], plans: int = 2) -> Optional[Plan]:
         """Leaves nested to the left (`segments.nested_left`): those of the
-        smallest `tainted` plans (at most `plans` of them), then
+        smallest `tainted` plans (at most `plans` of them; or, on a program
+        without convolutions, of the smallest plans measured), then
         `LEFT_NESTED_MAX` uniform ones; of each, the group size that
         recomputes least among those that fit. None if none fits.
 
@@ -255,9 +282,13 @@ class PlanSearch:
         return None
 
     def _bisect_groups(self, plan: Plan) -> Optional[Plan]:
-        """The least-recompute left nesting of `plan`'s leaves that fits, by bisection over group sizes."""
+        """The least-recompute left nesting of `plan`'s leaves that fits, by
+        bisection over group sizes. Without convolutions every group is
+        tainted: gated by conds, a group n leaves deep would nest n conds."""
         forward, planning = self.planning.forward, self.planning
         options = nested_left(forward, plan.segments, planning.residuals)
+        convolutions = gates_differ(forward, plan.segments, self.implementation)
+        gate = "taint" if protects(self.implementation) and not convolutions else "auto"
         measured: dict[int, Plan] = {}
 
         def fits(i: int) -> bool:
@@ -268,7 +299,7 @@ class PlanSearch:
                     v for seg in nested for v in seg.inputs
                 }
                 measured[i] = self.measure(dataclasses.replace(
-                    plan, segments=nested, saved=frozenset(kept), gate="auto", compiled_bytes=None,
+                    plan, segments=nested, saved=frozenset(kept), gate=gate, compiled_bytes=None,
                     predicted_bytes=predicted_bytes(forward, nested, planning.gradient_bytes, planning.scan_memory),
                 ))
             return measured[i].compiled_bytes <= self.target
