@@ -38,9 +38,9 @@ Nested segments gated by conds nest conds, and XLA assigns a conditional's
 temporaries apart from its caller's, so a nest n deep can hold n levels of
 them at once: a 16-layer tanh MLP nested to the left in one group compiled
 to 26 MiB gated by conds, as much as `jax.grad`'s step, and to 13 MiB with
-every segment tainted (the gate "taint"; `benchmarks/nest_gates.py`). On a transformer the conds
-compiled smaller (3.1 against 3.7 MiB), so the planner measures a nested
-plan both ways too.
+every segment tainted (the gate "taint"; `benchmarks/nest_gates.py`). On a
+transformer the conds compiled smaller (3.1 against 3.7 MiB), so the
+planner measures a nested plan both ways too.
 """
 
 from __future__ import annotations

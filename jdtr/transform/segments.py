@@ -26,8 +26,8 @@ NAME_PREFIX = "jdtr:"
 # Groups nested to the left (`_nest_left`) hold at most this many leaves: a
 # group recomputes its leaves quadratically often, and its depth (one level
 # per leaf) is traced and compiled as nested checkpoints. 16: a 16-layer MLP
-# whose arguments and gradients take 9 of `jax.grad`'s 26 MiB fits half of
-# them only as one group of its 16 layers (13 MiB; groups of 8 take 14).
+# whose arguments and gradients take 9 of `jax.grad`'s 26 MiB comes to half
+# of them only in groups of 14 layers or more (13 MiB; groups of 8 take 14).
 LEFT_NESTED_MAX = 16
 
 # --------------------------------------------------------------------- policy
