@@ -39,8 +39,10 @@ temporaries apart from its caller's, so a nest n deep can hold n levels of
 them at once: a 16-layer tanh MLP nested to the left in one group compiled
 to 26 MiB gated by conds, as much as `jax.grad`'s step, and to 13 MiB with
 every segment tainted (the gate "taint"; `benchmarks/nest_gates.py`). On a
-transformer the conds compiled smaller (3.1 against 3.7 MiB), so the
-planner measures a nested plan both ways too.
+transformer's nests of DTR's plans, 2 or 3 deep, the conds compiled
+smaller as often as not (2.5 against 2.8 MiB; 2.9 against 2.8), so those
+stay gated by conds; the taint gates the left nestings the planner tries
+where no plan fits (`plan_search.PlanSearch`), as deep as their groups.
 """
 
 from __future__ import annotations

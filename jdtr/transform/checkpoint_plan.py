@@ -89,8 +89,9 @@ class Plan:
         backward uses into the forward pass); "cond" gates every one by a
         `lax.cond` (the planner's fallback where no tainted plan fits: a
         convolution's gradient runs ~20x slower in it on the CPU); "taint"
-        gates every one by the taint (nested segments: XLA holds the
-        temporaries of nested conds at once).
+        gates every one by the taint (segments nested to the left where no
+        plan fits a program without convolutions: XLA holds the temporaries
+        of nested conds at once).
       scans: the scans kept whole (`jdtr.transform.scans`): each runs outside
         the segments, its iterations keeping what its strategy says.
       function: where `jax.grad`'s own step fits (origin "none"), the

@@ -133,9 +133,6 @@ class PlanSearch:
         self.tried: set = set()
         self.compiled: list[tuple[Plan, Any]] = []  # every plan measured, with its executable
         self.best: Optional[Plan] = None
-        # Whether the taint compiled a nested plan smaller than conds did
-        # (None: not measured yet); `_taint_nests`.
-        self.taint_helps: Optional[bool] = None
 
     def record(self, candidate: Plan, executable_and_bytes: tuple[Any, int]) -> Plan:
         executable, nbytes = executable_and_bytes
@@ -186,12 +183,6 @@ class PlanSearch:
                 if not gated:  # kept in `planning.measured`, for `_measured_before`
                     gated = True
                     self.measure(dataclasses.replace(plan, gate="cond", compiled_bytes=None))
-            elif self._taint_nests(plan):
-                tainted = self.measure(dataclasses.replace(plan, gate="taint", compiled_bytes=None))
-                if tainted.compiled_bytes <= target:
-                    return self._closer(tainted)
-                self.taint_helps = tainted.compiled_bytes < plan.compiled_bytes
-                plan = min(plan, tainted, key=lambda p: p.compiled_bytes)
             # XLA needed more than the plan's memory model predicted: plan for
             # proportionally less.
             if planning.scale is not None:
@@ -212,17 +203,11 @@ class PlanSearch:
         before = self._measured_before()
         if before is not None:
             return before
+        # The leaves of uniform segments only (of the smallest plan where a
+        # kept scan rules those out): each source costs a compile of its
+        # deepest nesting, and DTR's leaves did no better on chains.
         plain = sorted((p for p, _ in self.compiled if p.gate != "cond"), key=lambda p: p.compiled_bytes)
-        return self._nested_left(plain) if plain else None
-
-    def _taint_nests(self, plan: Plan) -> bool:
-        """Whether to measure `plan`, nested and gated by conds, with every
-        segment tainted instead (`checkpoint`'s docstring: nested conds hold
-        their temporaries at once). Which compiles smaller varies with the
-        model, so once the taint compiled one nested plan larger, it is not
-        tried again in this search."""
-        nests = any(seg.children for seg in plan.segments)
-        return nests and plan.gate == "auto" and protects(self.implementation) and self.taint_helps is not False
+        return self._nested_left(plain, plans=1 if planning.kept_scans else 0) if plain else None
 
     def _measured_before(self) -> Optional[Plan]:
         """Where the search's own path found none that fits: the plan that fits
@@ -251,10 +236,11 @@ class PlanSearch:
 
     def _nested_left(self, tainted: list[Plan], plans: int = 2) -> Optional[Plan]:
         """Leaves nested to the left (`segments.nested_left`): those of the
-        smallest `tainted` plans (at most `plans` of them; or, on a program
-        without convolutions, of the smallest plans measured), then
-        `LEFT_NESTED_MAX` uniform ones; of each, the group size that
-        recomputes least among those that fit. None if none fits.
+        smallest `tainted` plans (at most `plans` of them; on a program
+        without convolutions, of the smallest plan measured where scans are
+        kept, else none), then `LEFT_NESTED_MAX` uniform ones; of each, the
+        group size that recomputes least among those that fit. None if none
+        fits.
 
         Measured, not predicted: on the CPU, XLA starts a convolution's weight
         gradient (a transposed copy of its input) as soon as that input
