@@ -71,7 +71,7 @@ def rows(model_name: str, ratios) -> list[str]:
             except jdtr.OutOfBudgetError as err:
                 why = "the arguments and gradients alone exceed it" if "alone" in str(err) else "no plan fits"
                 works = err.suggested_budget_bytes
-                over = f", {works - err.budget_bytes} B over" if works and works - err.budget_bytes < 1024 else ""
+                over = f", {works - err.budget_bytes} B over" if works and works - err.budget_bytes < 2**20 else ""
                 smallest = f"; the smallest plan found: {works / 2**20:.2f} MiB ({works / full:.3f}{over})" if works else ""
                 out.append(f"| {model_name} | {mesh_name} | {ratio} | {full / 2**20:.2f} | {why}{smallest} | | | |")
                 continue

@@ -298,7 +298,7 @@ def test_autotune_runs_no_copy_of_the_arguments_beside_the_budget(monkeypatch):
     assert len(plan.timings) >= 2
     assert len(timed_on) == 1 and timed_on[0][0] is w and timed_on[0][1] is x
 
-    # At 0.5 the candidates fit the budget, but some not beside a copy of the arguments.
+    # At 0.5 the candidates fit the budget, but not beside a copy of the arguments.
     copy = w.nbytes + x.nbytes
     budget = 0.5
     concrete = jdtr.plan(loss, w, x, budget=budget)
@@ -308,7 +308,7 @@ def test_autotune_runs_no_copy_of_the_arguments_beside_the_budget(monkeypatch):
     # `plan_search.MAX_REPEATS`; it had stopped at 1.03x.)
     untuned = jdtr.plan(loss, w, x, budget=budget, autotune=False)
     assert untuned.compiled_bytes <= untuned.budget_bytes
-    assert any(t.compiled_bytes + copy > concrete.budget_bytes for t in concrete.timings)
+    assert all(t.compiled_bytes + copy > concrete.budget_bytes for t in concrete.timings)
 
     monkeypatch.setattr(cpn, "example_inputs", real_examples)
     plans = []
@@ -724,7 +724,6 @@ def test_convolution_plans_nest_to_the_left_before_falling_back_to_conds():
     assert_trees_close(jax.jit(plan.grad)(m.params, m.batch), reference, rtol=1e-4, atol=1e-6)
 
 
-
 def test_a_chain_nested_deep_is_tainted_where_conds_would_hold_every_level():
     """XLA holds the temporaries of nested conds at once (issue 24: a
     16-layer MLP nested to the left in one group compiled to 26 MiB gated by
@@ -732,14 +731,13 @@ def test_a_chain_nested_deep_is_tainted_where_conds_would_hold_every_level():
     convolutions, where no plan fits flat or nested by conds, the planner
     nests the layers to the left, every segment tainted: at 0.45 of this
     MLP, where the smallest plan had been 0.55."""
+    if jax.default_backend() != "cpu":
+        pytest.skip("segments are gated only on the CPU")
     m = models.mlp_chain(16, 64, 512)
     plan = jdtr.plan(m.loss, m.params, m.batch, budget=0.45, autotune=False)
     assert plan.compiled_bytes <= plan.budget_bytes, plan.report()
-    assert max(seg.depth for seg in plan.segments) >= 4, plan.report()
+    assert max(seg.depth for seg in plan.segments) >= 4 and plan.gate == "taint", plan.report()
     assert_trees_close(jax.jit(plan.grad)(m.params, m.batch), jax.grad(m.loss)(m.params, m.batch), rtol=1e-4, atol=1e-6)
-    if jax.default_backend() != "cpu":
-        pytest.skip("segments are gated only on the CPU")
-    assert plan.gate == "taint", plan.report()
     conds = compiled_total(dataclasses.replace(plan, gate="auto").grad, m.params, m.batch)
     assert conds > plan.budget_bytes, plan.report()
 
