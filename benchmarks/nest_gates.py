@@ -21,7 +21,6 @@ import dataclasses
 import datetime
 import statistics
 import sys
-import time
 
 import jax
 
@@ -30,7 +29,8 @@ from jdtr import models
 from jdtr.transform.segments import LEFT_NESTED_MAX, nested_left, uniform_leaves
 
 sys.path.insert(0, __file__.rsplit("/", 1)[0])
-from grad_benchmark import machine, write_report  # noqa: E402
+from grad_benchmark import machine, timed, write_report  # noqa: E402
+from remat_benchmark import compiled  # noqa: E402
 
 MODELS = {
     "mlp16x256_b1024": lambda: models.mlp_chain(16, 256, 1024),
@@ -39,8 +39,8 @@ MODELS = {
 
 
 def compiled_bytes(fn, *args) -> int:
-    a = jax.jit(fn).lower(*args).compile().memory_analysis()
-    return a.argument_size_in_bytes + a.output_size_in_bytes + a.temp_size_in_bytes - a.alias_size_in_bytes
+    """XLA's arguments + outputs + temporaries of `jax.jit(fn)`."""
+    return compiled(fn, args)[1]
 
 
 def rows(name: str) -> list[str]:
@@ -82,9 +82,7 @@ def planned(name: str, repeats: int = 15) -> str:
         jax.block_until_ready(step(*args))
     for _ in range(repeats):
         for k, step in steps.items():
-            start = time.perf_counter()
-            jax.block_until_ready(step(*args))
-            times[k].append(time.perf_counter() - start)
+            times[k].append(timed(step, *args)[0])
     groups = " + ".join(str(len(seg.leaves())) for seg in plan.segments)
     ratio = statistics.median(times["plan"]) / statistics.median(times["jit"])
     fraction = plan.compiled_bytes / plan.unconstrained_compiled_bytes
