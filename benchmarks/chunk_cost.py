@@ -6,9 +6,10 @@ that crosses from one chunk to the next is an output of one and an input
 of the other. On a GPU, where `jax.jit(jax.grad)` runs a small model's
 step in about a millisecond, what the host spends on those dispatches and
 arrays can set the pace. A chunk holds at most a capped number of
-computations (`chunks.MAX_CHUNK_EQUATIONS`: on the CPU, XLA's code for a
-whole step can run slower than for its parts); this runs the same models
-with each cap of `--caps`, in one process:
+computations on the CPU (`chunks.MAX_CHUNK_EQUATIONS`: XLA's code for a
+whole step can run slower there than for its parts) and none elsewhere
+(`chunks.chunk_cap`); this runs the same models with each cap of `--caps`
+(0: none) on the backend it runs on, in one process:
 
 - chunks a step, and the arrays that cross between them (outputs of one
   chunk read by a later one, the deletes between chunks);
@@ -18,7 +19,7 @@ with each cap of `--caps`, in one process:
   (dispatch is asynchronous), and "step": until its results are ready;
   medians of `--repeats` interleaved runs, against `jax.jit(jax.grad)`'s.
 
-    python benchmarks/chunk_cost.py --models transformer resnet --ratios 1.0 0.5 --caps 512 4096
+    python benchmarks/chunk_cost.py --models transformer resnet --ratios 1.0 0.5 --caps 512 0
 """
 
 from __future__ import annotations
@@ -79,19 +80,21 @@ def bench(model, ratios, caps, repeats) -> list[str]:
     timed(jit, *args)
     contenders = {"jit": jit}
     stats = {}
-    saved = chunks.MAX_CHUNK_EQUATIONS
+    saved = chunks.MAX_CHUNK_EQUATIONS, chunks.CAPPED_PLATFORMS
     for ratio in ratios:
         for cap in caps:
             loss = lambda *a, loss=model.loss: loss(*a)  # noqa: E731 (a function of its own: plans are cached per function)
             fn = jdtr.grad(loss, budget=ratio, return_stats=True)
+            # The cap on this backend whatever its default (0: none).
             chunks.MAX_CHUNK_EQUATIONS = cap
+            chunks.CAPPED_PLATFORMS = frozenset({jax.default_backend()} if cap else ())
             chunks.clear_chunk_cache()  # each compiles its own chunks (plans compiled before keep theirs)
             try:
                 runs = warm_up(fn, args)
             except jdtr.OutOfBudgetError:
                 continue
             finally:
-                chunks.MAX_CHUNK_EQUATIONS = saved
+                chunks.MAX_CHUNK_EQUATIONS, chunks.CAPPED_PLATFORMS = saved
             fn.return_stats = False  # timed as a training loop calls it: returns once dispatched
             contenders[(ratio, cap)], stats[(ratio, cap)] = fn, (runs, crossing(compiled_items(fn)))
     host = {name: [] for name in contenders}
@@ -121,7 +124,7 @@ def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--models", nargs="+", choices=sorted(MODELS), default=["transformer", "resnet", "mlp"])
     parser.add_argument("--ratios", type=float, nargs="+", default=[1.0, 0.5])
-    parser.add_argument("--caps", type=int, nargs="+", default=[512, 4096])
+    parser.add_argument("--caps", type=int, nargs="+", default=[512, 0], help="computations a chunk, at most (0: no cap)")
     parser.add_argument("--repeats", type=int, default=21)
     parser.add_argument("--output", help="append the markdown report here")
     args = parser.parse_args(argv)

@@ -245,8 +245,9 @@ def test_heuristic_failing_mid_eviction():
 
     params, x = make_args()
     # Its score is LRU's, which at BUDGET thrashes past the planner's cut-off
-    # (MAX_OVERHEAD); at 0.7 it evicts about 170 times, at overhead 3.3.
-    budget = 0.7
+    # (MAX_OVERHEAD), and at 0.7 too on JAX 0.11 (overhead 3.3 on JAX 0.10);
+    # at 0.8 it evicts 5 times, at overhead 1.1.
+    budget = 0.8
     probe = Fragile(fail_at=-1)
     jdtr.grad(chain, budget=budget, heuristic=probe)(params, x)
     assert probe.scores > 2

@@ -184,10 +184,11 @@ def _jaxpr_structure(jaxpr: "Jaxpr | ClosedJaxpr") -> _Structure:
     found = _STRUCTURES.get(id(jaxpr))
     if found is not None and found[0]() is jaxpr:
         return found[1]
-    if isinstance(jaxpr, ClosedJaxpr):
-        key = ("closed", _jaxpr_structure(jaxpr.jaxpr), tuple(_Same(c) for c in jaxpr.consts))
-    else:
-        key = ("open", *_open_structure(jaxpr))
+    inner = jaxpr.jaxpr if isinstance(jaxpr, ClosedJaxpr) else jaxpr
+    if inner is not jaxpr:  # a closed jaxpr that wraps an open one (JAX 0.10 and before)
+        key = ("closed", _jaxpr_structure(inner), tuple(_Same(c) for c in jaxpr.consts))
+    else:  # an open jaxpr; on JAX 0.11, where the two are one class, it carries its constants itself
+        key = ("open", *_open_structure(jaxpr), tuple(_Same(c) for c in getattr(jaxpr, "consts", ())))
     structure = _Structure(key)
     ident = id(jaxpr)
 

@@ -14,7 +14,8 @@ of that passes the budget, and each compiled chunk is checked against the
 budget with XLA's `memory_analysis()`; one that XLA makes larger than
 planned (its schedule is not the plan's) is halved until its parts fit,
 down to single equations, whose memory the plan already counted exactly.
-A chunk holds at most `MAX_CHUNK_EQUATIONS` computations: compile time.
+On the CPU a chunk holds at most `MAX_CHUNK_EQUATIONS` computations
+(`chunk_cap`): XLA's code for a whole step can run slower there.
 
 A chunk never computes one equation twice: XLA would merge the copies
 (common subexpressions) and keep the value the plan evicted, so a
@@ -56,13 +57,23 @@ MAX_COMPILED_CHUNKS = 1024
 # that does not fit runs them one by one (each is counted exactly by the
 # plan), sparing compilations that rarely fit.
 MIN_HALVED = 4
-# At most this many computations a chunk. On the CPU, XLA's code for a
-# whole step can run slower than for its parts (a 4-block transformer at
-# its unconstrained peak: one chunk 1.04x `jax.jit`'s step, chunks of 512
-# 0.85x; docs/benchmarks.md), while a dispatch per 512 equations costs the
-# host little. (It was set for compile time, when the unrolled scan LSTM
-# took 19 s as one chunk; a whole step now compiles faster than its parts.)
+# At most this many computations a chunk on the CPU, where XLA's code for a
+# whole step can run slower than for its parts (a 4-block transformer at its
+# unconstrained peak: one chunk 1.04x `jax.jit`'s step, chunks of 512 0.85x;
+# docs/benchmarks.md), while a dispatch per 512 equations costs the host
+# little. No cap elsewhere: on a GPU a small model's step is shorter than
+# what the host spends on each chunk and on each array crossing between
+# chunks (an H200, the same transformer: 5 chunks 2.62x `jax.jit`, 2 chunks
+# uncapped 1.24x). (It was set for compile time, when the unrolled scan LSTM
+# took 19 s as one chunk; a whole step now compiles about as fast as its parts.)
 MAX_CHUNK_EQUATIONS = 512
+CAPPED_PLATFORMS = frozenset({"cpu"})
+
+
+def chunk_cap() -> Optional[int]:
+    """At most how many computations a chunk holds on the default backend
+    (where chunks run, unless the arguments are placed elsewhere), or None."""
+    return MAX_CHUNK_EQUATIONS if jax.default_backend() in CAPPED_PLATFORMS else None
 
 
 @dataclass(eq=False)
@@ -133,6 +144,7 @@ def _spans(
     at the steps of `deleted` were done before the range (by the span being
     split): each span of it keeps them as hoisted."""
     sizes = line.sizes
+    cap = chunk_cap()
     end = len(line.steps) if end is None else end
     items: list[Union[_Span, Delete, Read]] = []
     opened: Optional[int] = None
@@ -172,7 +184,7 @@ def _spans(
         equation = step.payload
         need = resident[t] + held + sum(sizes[s] for s in step.outputs) + step.workspace
         alone = bool(getattr(equation, "effects", False))
-        full = computations >= MAX_CHUNK_EQUATIONS
+        full = cap is not None and computations >= cap
         if opened is not None and (t in cuts or need > budget_bytes or id(equation) in payloads or alone or full):
             close(t)
         if opened is None:
