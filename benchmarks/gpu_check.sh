@@ -8,20 +8,21 @@
 #   3. the cap on a chunk's computations side by side (`chunk_cost.py`:
 #      chunks, arrays crossing, host and step times): on the CPU the cap
 #      makes steps faster; whether it does on a GPU is this measurement, then
-#   4. the test suite on the machine's JAX (0.11 there, which CI cannot
+#   4. what a chunk is worth (`slack_benchmark.py --slacks`: the transformer
+#      at 0.5 planned for 10-30% less than its budget, fewer chunks for more
+#      recomputation, side by side), then
+#   5. the test suite on the machine's JAX (0.11 there, which CI cannot
 #      install), on its CPU backend, beside
-#   5. allocator peaks of jdtr.grad's steps on the GPU (`device_peak.py`:
+#   6. allocator peaks of jdtr.grad's steps on the GPU (`device_peak.py`:
 #      memory only, so the tests beside it change nothing; 5 calls a process,
 #      so that the margin a plan learns from the allocator shows).
-# (The slack side by side, `slack_benchmark.py`, was measured on the H200 on
-# 2026-11-27 and is no longer part of it.) Each part has its own time limit,
-# 475 s in all by default: with a machine's start (about 35 s), one call fits
-# a 15-minute lease with room for a shorter second one. What it printed comes
+# Each part has its own time limit, 530 s in all by default: with a machine's
+# start (about 35 s), one call fits a 15-minute lease. What it printed comes
 # back under $OUT even when it is cut short (the benchmarks print each row as
-# it is made), in six files (the device tool brings back eight).
+# it is made), in seven files (the device tool brings back eight).
 #
-#   bash benchmarks/gpu_check.sh            # in the device tool's `run`, timeout_s=490
-#   TIMES_S=180 PROFILE_S=60 CAPS_S=240 SUITE_S=270 PEAKS_S=240 bash benchmarks/gpu_check.sh
+#   bash benchmarks/gpu_check.sh            # in the device tool's `run`, timeout_s=550
+#   TIMES_S=180 PROFILE_S=60 CAPS_S=240 SLACK_S=120 SUITE_S=270 PEAKS_S=240 bash benchmarks/gpu_check.sh
 set -u
 OUT=${OUT:-/tmp/gpu_check}
 mkdir -p "$OUT"
@@ -29,8 +30,9 @@ export PYTHONUNBUFFERED=1
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"  # jdtr from this checkout (not installed there)
 PY=${PY:-python3}
 TIMES_S=${TIMES_S:-150}
-PROFILE_S=${PROFILE_S:-60}
+PROFILE_S=${PROFILE_S:-45}
 CAPS_S=${CAPS_S:-80}
+SLACK_S=${SLACK_S:-70}
 SUITE_S=${SUITE_S:-185}
 PEAKS_S=${PEAKS_S:-175}
 SUITE_ARGS=${SUITE_ARGS:-tests --ignore=tests/test_notebooks.py}
@@ -53,12 +55,16 @@ echo "host_profile exit $?" >> "$OUT/profile.txt"
 timeout "$CAPS_S" $PY benchmarks/chunk_cost.py --models transformer resnet --ratios 1.0 0.5 --caps 512 0 --repeats 15 > "$OUT/caps.txt" 2>&1
 echo "chunk_cost exit $?" >> "$OUT/caps.txt"
 
-# 4. The suite on the CPU backend; SIGINT at the limit makes pytest print what failed so far.
+# 4. What a chunk is worth, side by side, alone.
+timeout "$SLACK_S" $PY benchmarks/slack_benchmark.py --models transformer --ratios 0.5 --slacks 0.1 0.2 0.3 > "$OUT/slack.txt" 2>&1
+echo "slack_benchmark exit $?" >> "$OUT/slack.txt"
+
+# 5. The suite on the CPU backend; SIGINT at the limit makes pytest print what failed so far.
 JAX_PLATFORMS=cpu timeout -s INT "$SUITE_S" $PY -m pytest -p no:cacheprovider -p no:benchmark -n "${SUITE_WORKERS:-12}" -v --tb=short -rf \
   --durations=20 $SUITE_ARGS > "$OUT/suite.log" 2>&1 &
 suite=$!
 
-# 5. Allocator peaks (three processes side by side, each with its share of the device).
+# 6. Allocator peaks (three processes side by side, each with its share of the device).
 timeout "$PEAKS_S" $PY benchmarks/device_peak.py --only eager --jobs 3 --calls "${PEAK_CALLS:-5}" ${PEAKS_ARGS:---models MLP+64 Transformer ResNet --eager-ratios 0.5 0.3} > "$OUT/peaks.txt" 2>&1
 echo "device_peak exit $?" >> "$OUT/peaks.txt"
 
@@ -68,6 +74,7 @@ echo "suite exit $?" >> "$OUT/suite.log"
 tail -n 20 "$OUT/times.txt"
 grep -E "^##|exit" "$OUT/profile.txt"
 grep -E "^\||exit" "$OUT/caps.txt" | tail -n 25
+grep -E "^\||exit" "$OUT/slack.txt" | tail -n 9
 grep -E "^\(|exit" "$OUT/peaks.txt" | tail -n 30
 grep -E "^(FAILED|ERROR)" "$OUT/suite.log" | head -n 60
 tail -n 3 "$OUT/suite.log"

@@ -16,6 +16,11 @@ reset, so this is the largest of the contenders run so far: read it in
 `device_peak.py --variants planned noslack` for each alone).
 
     python benchmarks/slack_benchmark.py --models mlp transformer --ratios 0.5 0.3
+    python benchmarks/slack_benchmark.py --models transformer --ratios 0.5 --slacks 0.1 0.2 0.3
+
+`--slacks`: also the plan made for each fraction less than the budget,
+chosen whatever the chunks' price (`slack.CHUNK_PRICE`) says: fewer chunks
+for more recomputation, to measure what a chunk is worth on a machine.
 """
 
 from __future__ import annotations
@@ -26,6 +31,7 @@ import datetime
 import os
 import statistics
 import sys
+from typing import Optional
 
 import jax
 
@@ -47,13 +53,18 @@ MODELS = {
 
 
 @contextlib.contextmanager
-def slack_off(off: bool):
-    saved = slack.SLACKS
-    slack.SLACKS = () if off else saved
+def slack_off(off: bool, only: Optional[float] = None):
+    """The slack off, or (`only`) the plan made for that fraction less than
+    the budget wherever it fits, whatever the chunks' price says."""
+    saved = slack.SLACKS, slack.CHUNK_PRICE
+    if off:
+        slack.SLACKS = ()
+    elif only is not None:
+        slack.SLACKS, slack.CHUNK_PRICE = (only,), 1e9
     try:
         yield
     finally:
-        slack.SLACKS = saved
+        slack.SLACKS, slack.CHUNK_PRICE = saved
 
 
 def warm_up(fn, args) -> list:
@@ -87,19 +98,21 @@ def report(title: str, repeats: int, header: str, names, rows_of, output) -> int
     return 0
 
 
-def bench(model, ratios, repeats) -> list[str]:
+def bench(model, ratios, repeats, slacks=()) -> list[str]:
     args = (model.params, model.batch)
     jit = jax.jit(jax.grad(model.loss))
     timed(jit, *args)
     contenders = {"jit": jit}
     stats = {}
+    variants = [(True, None, "at the budget"), (False, None, "with slack")]
+    variants += [(False, s, f"for {s:.0%} less") for s in slacks]
     for ratio in ratios:
-        for off in (True, False):
-            name = (ratio, "at the budget" if off else "with slack")
+        for off, only, label in variants:
+            name = (ratio, label)
             loss = lambda *a, loss=model.loss: loss(*a)  # noqa: E731 (a function of its own: jdtr caches plans per function)
             fn = jdtr.grad(loss, budget=ratio, return_stats=True)
             try:
-                with slack_off(off):
+                with slack_off(off, only):
                     runs = warm_up(fn, args)
             except jdtr.OutOfBudgetError:
                 continue
@@ -128,11 +141,13 @@ def main(argv=None):
     parser.add_argument("--models", nargs="+", choices=sorted(MODELS), default=["mlp", "transformer"])
     parser.add_argument("--ratios", type=float, nargs="+", default=[0.5, 0.3])
     parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--slacks", type=float, nargs="*", default=[],
+                        help="also the plans made for each of these fractions less than the budget, whatever the chunks' price")
     parser.add_argument("--output", help="append the markdown report here")
     args = parser.parse_args(argv)
     header = "| model | budget | plan | chunks | peak/budget (count) | overhead | warm-up calls, their planning and compiling s | jdtr / jit |"
     return report("Slack side by side", args.repeats, header, args.models,
-                  lambda name: bench(MODELS[name](), args.ratios, args.repeats), args.output)
+                  lambda name: bench(MODELS[name](), args.ratios, args.repeats, args.slacks), args.output)
 
 
 if __name__ == "__main__":

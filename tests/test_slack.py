@@ -26,6 +26,16 @@ def _priced(plan, per_chunk, budget_bytes):
     return plan.counters.base_cost + plan.counters.remat_cost + count(plan.line, budget_bytes) * per_chunk
 
 
+def _plan_at_the_budget(tight):
+    """The tight model's plan made at its budget (run step by step), its
+    program, the arguments it owns (none) and the budget in bytes."""
+    model, args, _ = tight
+    f = jdtr.grad(model.loss, budget=0.3, return_stats=True, chunks="never")
+    budget = f(*args)[1].budget_bytes
+    program = next(iter(f.cache.values())).program
+    return _plan(f), program, [False] * len(program.inputs), budget
+
+
 @pytest.fixture
 def tight():
     """A 48-layer MLP at 0.3 of its peak: a plan at the budget sits at it
@@ -65,12 +75,7 @@ def test_a_plan_sitting_at_the_budget_runs_as_fewer_chunks_within_it(tight, monk
 
 def test_the_slack_is_the_cheapest_of_those_tried(tight, monkeypatch):
     """Each slack alone, then all: the plan kept is the one priced least."""
-    model, args, _ = tight
-    f = jdtr.grad(model.loss, budget=0.3, return_stats=True, chunks="never")
-    budget = f(*args)[1].budget_bytes
-    plan = _plan(f)
-    program = next(iter(f.cache.values())).program
-    owned = [False] * len(program.inputs)
+    plan, program, owned, budget = _plan_at_the_budget(tight)
     per_chunk = plan.counters.base_cost / program.num_equations
     priced = {0.0: _priced(plan, per_chunk, budget)}
     for s in slack.SLACKS:
@@ -79,6 +84,21 @@ def test_the_slack_is_the_cheapest_of_those_tried(tight, monkeypatch):
     monkeypatch.setattr(slack, "SLACKS", tuple(priced)[1:])
     best = slack.plan_for_chunks(plan, program, owned, "eager", budget)
     assert _priced(best, per_chunk, budget) == min(priced.values()) < priced[0.0]
+
+
+def test_a_chunk_priced_higher_buys_fewer_chunks_for_more_compute(tight, monkeypatch):
+    """`CHUNK_PRICE` prices a chunk in average equations: the higher, the
+    fewer chunks the plan kept runs as, for as much compute or more; priced
+    at nothing, the plan at the budget is kept."""
+    plan, program, owned, budget = _plan_at_the_budget(tight)
+    kept = {}
+    for price in (0.0, 1.0, 1e9):
+        monkeypatch.setattr(slack, "CHUNK_PRICE", price)
+        best = slack.plan_for_chunks(plan, program, owned, "eager", budget)
+        kept[price] = (count(best.line, budget), best.counters.base_cost + best.counters.remat_cost)
+    assert kept[0.0] == (count(plan.line, budget), plan.counters.base_cost + plan.counters.remat_cost)
+    (free_chunks, free_compute), (chunks, compute), (dear_chunks, dear_compute) = kept.values()
+    assert dear_chunks <= chunks < free_chunks and dear_compute >= compute > free_compute, kept
 
 
 def test_a_plan_in_few_chunks_is_kept():

@@ -37,6 +37,13 @@ from .program import Program
 SLACKS = (0.02, 0.05, 0.1, 0.2)
 # A plan in this many chunks or fewer is kept as it is: there is little to save.
 FEW_CHUNKS = 2
+# A chunk is priced as this many of the program's average equations. On an
+# H200 a small transformer's chunk cost the host as much as a few hundred of
+# its equations cost the device (docs/benchmarks.md, 2026-11-28), but where
+# the device is busy longer than the host, dispatch is hidden and a chunk
+# costs nothing: what it is worth depends on the model and the machine, and
+# is not measured yet. A benchmark sets this to compare plans.
+CHUNK_PRICE = 1.0
 
 
 def settle(plan: PlannedRun, program: Program, owned: Sequence[bool], dealloc: str, chunks_at: Optional[int]) -> PlannedRun:
@@ -64,7 +71,7 @@ def plan_for_chunks(plan: PlannedRun, program: Program, owned: Sequence[bool], d
     if chunks <= FEW_CHUNKS:
         return plan
     base = plan.counters.base_cost  # of the program simulated: the same for every budget
-    per_chunk = (plan.baseline_cost or base) / max(program.num_equations, 1)
+    per_chunk = CHUNK_PRICE * (plan.baseline_cost or base) / max(program.num_equations, 1)
     best, best_cost = plan, _cost(plan) + chunks * per_chunk
     # A candidate cannot win once it recomputes more than the best costs less its base and one
     # chunk: its simulation stops there.
