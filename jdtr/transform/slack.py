@@ -38,7 +38,7 @@ SLACKS = (0.02, 0.05, 0.1, 0.2)
 # A plan in this many chunks or fewer is kept as it is: there is little to save.
 FEW_CHUNKS = 2
 # A chunk is priced as this many of the program's average equations. On an
-# H200 a small transformer's chunk cost the host as much as a few hundred of
+# H200 a small transformer's chunk cost the host as much as about 200 of
 # its equations cost the device (docs/benchmarks.md, 2026-11-28), but where
 # the device is busy longer than the host, dispatch is hidden and a chunk
 # costs nothing: what it is worth depends on the model and the machine, and
