@@ -189,7 +189,7 @@ class PlanSearch:
                 self.effective_target = planning.scale.shrink(self.effective_target, target, plan.compiled_bytes)
             else:
                 self.effective_target *= target / plan.compiled_bytes * 0.97
-        tainted = self._tainted()
+        tainted = self._without_conds(recomputing_convolutions=True)
         if tainted:
             # No tainted plan fits (where one did, the search returned it):
             # before the slow fallback, the smallest ones nested to the left.
@@ -206,7 +206,7 @@ class PlanSearch:
         # The leaves of uniform segments only (of the smallest plan where a
         # kept scan rules those out): each source costs a compile of its
         # deepest nesting, and DTR's leaves did no better on chains.
-        plain = sorted((p for p, _ in self.compiled if p.gate != "cond"), key=lambda p: p.compiled_bytes)
+        plain = self._without_conds()
         return self._nested_left(plain, plans=1 if planning.kept_scans else 0) if plain else None
 
     def _measured_before(self) -> Optional[Plan]:
@@ -228,10 +228,15 @@ class PlanSearch:
         self.tried.add(layout(plan))
         return self.record(plan, self.planning.compile([plan])[0])
 
-    def _tainted(self) -> list[Plan]:
-        """The plans measured with convolutions kept out of conds, smallest first."""
+    def _without_conds(self, recomputing_convolutions: bool = False) -> list[Plan]:
+        """The plans this search measured not gated by conds (with
+        `recomputing_convolutions`, only those with a convolution kept out of
+        conds: tainted), smallest first."""
         forward = self.planning.forward
-        plans = [p for p, _ in self.compiled if p.gate != "cond" and gates_differ(forward, p.segments, self.implementation)]
+        plans = [
+            p for p, _ in self.compiled
+            if p.gate != "cond" and (not recomputing_convolutions or gates_differ(forward, p.segments, self.implementation))
+        ]
         return sorted(plans, key=lambda p: p.compiled_bytes)
 
     def _nested_left(self, tainted: list[Plan], plans: int = 2) -> Optional[Plan]:
