@@ -21,6 +21,7 @@ import jdtr
 from budgets import biting
 from jdtr import models
 from jdtr.offline import Compute, Free
+from jdtr.transform import caches as caches_module
 from jdtr.transform import chunks as chunks_module
 from jdtr.transform import executable as executable_module
 from jdtr.transform import slack, xla_options
@@ -768,11 +769,14 @@ def test_the_optimal_schedule_written_as_a_line_computes_jax_grads_gradients_wit
     assert not any(leaf.is_deleted() for leaf in leaves)
 
 
-def test_caches_are_bounded_reported_and_cleared():
+def test_caches_are_bounded_reported_and_cleared(monkeypatch):
     """A new argument structure per call (a dynamic model) keeps at most
     MAX_TRACES_PER_FUNCTION traces; `jdtr.cache_info()` counts what the caches
     hold, the constants' device bytes by the traces' own constants; after
     `jdtr.clear_caches()` they hold nothing and calls trace, plan and compile again."""
+    assert MAX_TRACES_PER_FUNCTION == 64  # the default; a smaller bound here spares 60 traces and plans
+    monkeypatch.setattr(caches_module, "MAX_TRACES_PER_FUNCTION", 6)
+    bound = caches_module.MAX_TRACES_PER_FUNCTION
     constant = jnp.arange(1000.0)  # a jaxpr constant: device bytes a trace keeps alive
 
     def loss(x):
@@ -780,17 +784,17 @@ def test_caches_are_bounded_reported_and_cleared():
 
     f = jdtr.grad(loss, budget=1.0, return_stats=True)
     jdtr.clear_caches()
-    for n in range(1, MAX_TRACES_PER_FUNCTION + 6):
+    for n in range(1, bound + 6):
         f(jnp.ones((n,)))
-    assert len(f.cache) == MAX_TRACES_PER_FUNCTION
-    assert f(jnp.ones((MAX_TRACES_PER_FUNCTION + 5,)))[1].cache_hit  # the most recent stay
+    assert len(f.cache) == bound
+    assert f(jnp.ones((bound + 5,)))[1].cache_hit  # the most recent stay
     assert not f(jnp.ones((1,)))[1].cache_hit  # the least recent went
     f(jnp.ones((1,)))  # its plan's second run: compiled chunks
     info = jdtr.cache_info()
     traces = f.cache.values()
-    assert info.traces >= len(traces) == MAX_TRACES_PER_FUNCTION
-    assert info.plans >= sum(len(t.plans) for t in traces) >= MAX_TRACES_PER_FUNCTION
-    assert info.constant_bytes >= sum(t.constant_bytes for t in traces) == MAX_TRACES_PER_FUNCTION * constant.nbytes
+    assert info.traces >= len(traces) == bound
+    assert info.plans >= sum(len(t.plans) for t in traces) >= bound
+    assert info.constant_bytes >= sum(t.constant_bytes for t in traces) == bound * constant.nbytes
     assert info.compiled_chunks == compiled_chunks() > 0
     assert info.executables == executable_module.executable_cache_size() > 0
     jdtr.clear_caches()

@@ -3,11 +3,11 @@
 `plan_at` reads one plan off DTR's run at a simulated budget;
 `search_simulated_budget` bisects the simulated budget for the largest plan
 whose predicted memory fits a target; `PlanSearch` compiles such plans and,
-where XLA needs more than predicted, plans for proportionally less, until
-one fits, or, where none does, takes the plan that fits among those
-measured for the same step, by it (a cond-gated fallback) or by earlier
-searches at other budgets (`_measured_before`), or says, in `error`, what
-the smallest found needs. A planning
+where XLA needs more than predicted, plans for proportionally less (never a
+plan it measured already), until one fits, or, where none does, takes the
+plan that fits among those measured for the same step, by it (a cond-gated
+fallback) or by earlier searches at other budgets (`_measured_before`), or
+says, in `error`, what the smallest found needs. A planning
 (`planning.Planning`: the traced programs, the simulations and the compiled
 candidates of one step) is what they search.
 """
@@ -84,15 +84,21 @@ def plan_at(planning: Any, sim_budget: int, target: float, heuristic, max_depth:
 
 
 def search_simulated_budget(
-    planning: Any, sim_peak: int, target: float, heuristic, steps: int = 10
+    planning: Any, sim_peak: int, target: float, heuristic, steps: int = 10, measured: frozenset = frozenset()
 ) -> Optional[Plan]:
     """The plan for the largest simulated budget whose predicted compiled
     memory fits `target` (bisection: less budget, fewer values kept), flat
-    if any flat plan fits, else with nested segments.
+    if any flat plan fits, else with nested segments. A plan whose layout
+    is in `measured` (compiled before, over the target) counts as not
+    fitting, whatever its prediction: the search goes on to lower budgets.
 
     The simulation and XLA count differently (XLA fuses, so it keeps fewer
     and smaller residuals), so the simulated budget is searched for rather
     than scaled: what must fit is the plan's prediction in XLA's terms.
+    Where the prediction is the same for plans that save more and less (a
+    conv net's, which the backward pass's transients set), asking for a
+    smaller target never changes the plan; leaving out the plans measured
+    does (a VGG-like net at 0.7, whose plan saving one ReLU output less fits).
     """
     smallest = None
     for max_depth in NESTING_DEPTHS:
@@ -106,7 +112,7 @@ def search_simulated_budget(
                 continue
             if smallest is None or plan.predicted_bytes < smallest.predicted_bytes:
                 smallest = plan
-            if plan.predicted_bytes <= target:
+            if plan.predicted_bytes <= target and layout(plan) not in measured:
                 fitting, lo = plan, mid
             else:
                 hi = mid
@@ -156,7 +162,9 @@ class PlanSearch:
         gated = False  # whether the plan gated by conds was measured (`checkpoint.GATES`): the fallback
         attempts = repeats = 0
         while attempts < max_attempts:
-            plan = search_simulated_budget(planning, self.sim_peak, self.effective_target, self.heuristic)
+            plan = search_simulated_budget(
+                planning, self.sim_peak, self.effective_target, self.heuristic, measured=frozenset(self.tried)
+            )
             if plan is None:
                 break
             if layout(plan) in self.tried:
@@ -342,8 +350,12 @@ class PlanSearch:
 
     def error(self) -> OutOfBudgetError:
         """No plan fits: say so rather than hand back a step over the budget,
-        with the smallest plan's bytes as a budget that works."""
-        planning, target, best = self.planning, int(self.target), self.best
+        with the smallest plan's bytes as a budget that works: the smallest
+        measured for this step, by this search or an earlier one (at another
+        budget, whose path passed plans this one's did not)."""
+        planning, target = self.planning, int(self.target)
+        best = min((p for p in (self.best, *planning.measured.values()) if p is not None),
+                   key=lambda p: p.compiled_bytes, default=None)
         fixed = planning.fixed_device_bytes
         if fixed >= target:
             error = arguments_exceed(fixed, target, planning.unconstrained, planning.scale is not None)
