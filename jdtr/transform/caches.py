@@ -126,7 +126,7 @@ class TraceCache:
     """Traces of one function and configuration by argument structure, least recently used first out."""
 
     def __init__(self, capacity: Optional[int] = None) -> None:
-        self.capacity = MAX_TRACES_PER_FUNCTION if capacity is None else capacity  # (read now: settable)
+        self.capacity = MAX_TRACES_PER_FUNCTION if capacity is None else capacity  # (read when made: settable)
         self._traces: "OrderedDict[Hashable, Traced]" = OrderedDict()
         self._lock = threading.Lock()
 
