@@ -15,7 +15,7 @@ candidates of one step) is what they search.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Optional
+from typing import AbstractSet, Any, Optional
 
 import jax
 
@@ -84,7 +84,7 @@ def plan_at(planning: Any, sim_budget: int, target: float, heuristic, max_depth:
 
 
 def search_simulated_budget(
-    planning: Any, sim_peak: int, target: float, heuristic, steps: int = 10, measured: frozenset = frozenset()
+    planning: Any, sim_peak: int, target: float, heuristic, steps: int = 10, measured: AbstractSet = frozenset()
 ) -> Optional[Plan]:
     """The plan for the largest simulated budget whose predicted compiled
     memory fits `target` (bisection: less budget, fewer values kept), flat
@@ -163,7 +163,7 @@ class PlanSearch:
         attempts = repeats = 0
         while attempts < max_attempts:
             plan = search_simulated_budget(
-                planning, self.sim_peak, self.effective_target, self.heuristic, measured=frozenset(self.tried)
+                planning, self.sim_peak, self.effective_target, self.heuristic, measured=self.tried
             )
             if plan is None:
                 break
@@ -354,8 +354,8 @@ class PlanSearch:
         measured for this step, by this search or an earlier one (at another
         budget, whose path passed plans this one's did not)."""
         planning, target = self.planning, int(self.target)
-        best = min((p for p in (self.best, *planning.measured.values()) if p is not None),
-                   key=lambda p: p.compiled_bytes, default=None)
+        # (`record` puts every plan this search measures there too, its `best` included.)
+        best = min(planning.measured.values(), key=lambda p: p.compiled_bytes, default=None)
         fixed = planning.fixed_device_bytes
         if fixed >= target:
             error = arguments_exceed(fixed, target, planning.unconstrained, planning.scale is not None)
