@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import os
 import threading
-import warnings
 from collections import OrderedDict
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -43,6 +42,7 @@ from typing import Any, Callable, Hashable, Optional, Sequence, Union
 import jax
 
 from ..offline import Compute, Free, Read, StraightLine
+from ..quiet import ignoring
 from .program import Value
 
 # Compiled chunks kept, least recently used first out.
@@ -395,8 +395,7 @@ def _compile_all(layouts: Sequence[_Layout], avals: Sequence[Any]) -> dict[Hasha
                 found[layout.key] = (entry[0], entry[1])
             else:
                 missing.setdefault(layout.key, layout)
-    # Lowered here, one by one: lowering is Python (tracing) and holds the
-    # GIL, and `warnings.catch_warnings` is not safe across threads.
+    # Lowered here, one by one: lowering is Python (tracing) and holds the GIL.
     lowered = [(layout, _lower(layout, avals)) for layout in missing.values()]
     options = CHUNK_OPTIONS or None
     if len(lowered) > 1 and COMPILE_THREADS > 1:
@@ -424,10 +423,9 @@ def _lower(layout: _Layout, avals: Sequence[Any]) -> Any:
         for s in layout.inputs
     ]
     options = dict(out_shardings=layout.out_shardings) if layout.sharded else {}
-    with warnings.catch_warnings():
-        # Donated inputs XLA cannot reuse for an output are only deleted after
-        # the chunk: as planned, so JAX's warning about them says nothing new.
-        warnings.filterwarnings("ignore", message="Some donated buffers were not usable")
+    # Donated inputs XLA cannot reuse for an output are only deleted after
+    # the chunk: as planned, so JAX's warning about them says nothing new.
+    with ignoring("Some donated buffers were not usable"):
         return jax.jit(program, donate_argnums=layout.donated, **options).lower(*structs)
 
 

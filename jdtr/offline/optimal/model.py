@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-import threading
-import warnings
 from dataclasses import dataclass
 from typing import Any, Optional
+
+from ...quiet import ignoring
 
 
 @dataclass(frozen=True)
@@ -81,12 +81,10 @@ class Model:
         if work.solutions is not None:
             # Not among the options scipy documents; it passes them on to HiGHS.
             options["mip_max_improving_sols"] = int(work.solutions)
-        # `catch_warnings` swaps the process's filters and restores them on
-        # exit: two solves in threads at once (`jdtr.grad` called from several)
-        # could restore the other's and let scipy's warning through (seen in
-        # `test_calls_from_several_threads`, where warnings are errors).
-        with _FILTERS_LOCK, warnings.catch_warnings():
-            warnings.filterwarnings("ignore", "Unrecognized options", RuntimeWarning)
+        # Under `ignoring`'s lock: solves in several threads at once (`jdtr.grad`
+        # called from several) once let scipy's warning through in
+        # `test_calls_from_several_threads`, where warnings are errors.
+        with ignoring("Unrecognized options", RuntimeWarning):
             solution = milp(
                 np.asarray(self.objective),
                 integrality=np.asarray(self.integer),
@@ -105,9 +103,6 @@ class Model:
         """Variables, binaries and constraints, as `OptimalResult` reports them."""
         return {"variables": len(self.lower), "integer_variables": sum(self.integer), "constraints": len(self.row_lower)}
 
-
-
-_FILTERS_LOCK = threading.Lock()
 
 
 def memory_unit(budget_bytes: int) -> float:
