@@ -35,11 +35,11 @@ test-oldest-jax: $(OLDEST)/.installed
 	$(OLDEST)/bin/python -m pytest -n 2 $(OLDEST_JAX_TESTS)
 
 # The property tests at length: FUZZ_EXAMPLES random programs per test (each
-# run under every heuristic); see docs/robustness.md.
+# run under every heuristic, and planned for jax.jit); see docs/robustness.md.
 FUZZ_EXAMPLES ?= 2000
 fuzz: $(STAMP)
 	JDTR_HYPOTHESIS_PROFILE=fuzz JDTR_FUZZ_EXAMPLES=$(FUZZ_EXAMPLES) \
-		$(PY) -m pytest -n 2 tests/test_properties.py -k match_jax --hypothesis-show-statistics
+		$(PY) -m pytest -n 2 tests/test_properties.py tests/test_plan_properties.py -k match_jax --hypothesis-show-statistics
 
 bench: $(STAMP)
 	$(PY) benchmarks/grad_benchmark.py --output docs/benchmarks.md

@@ -20,6 +20,8 @@ from jdtr import models
 from jdtr.runtime.graph import Storage
 from jdtr.runtime.heuristics import get_heuristic
 
+from budgets import biting
+
 
 def assert_trees_close(actual, expected):
     assert jax.tree_util.tree_structure(actual) == jax.tree_util.tree_structure(expected)
@@ -332,3 +334,42 @@ def test_budget_one_is_one_byte_and_the_error_says_what_was_meant():
     with pytest.raises(jdtr.OutOfBudgetError) as info:
         jdtr.grad(model.loss, budget=2)(model.params, model.batch)
     assert not getattr(info.value, "__notes__", [])
+
+
+def test_a_run_by_paths_that_falls_back_online_makes_again_the_inputs_it_freed():
+    """Finding 13: arguments passed as NumPy arrays are made device arrays the
+    run owns, and a plan may free them once read. A run by paths of `cond`s
+    whose path read then did not fit went on online, from the start, on the
+    inputs the path run had freed: `RuntimeError: Array has been deleted`
+    (the gated model of `test_paths.py`'s fallback test, its parameters as
+    NumPy arrays; the property tests found it on a 9-operation program). The
+    online run now gets those inputs made again from the caller's values."""
+    model = models.gated_mlp(blocks=6, width=32, batch=64)
+    budget = biting(model.loss, (model.params, model.batch), 0.35, mode="online")
+    params, batch = jax.tree_util.tree_map(np.asarray, (model.params, model.batch))
+    f = jdtr.grad(lambda *args: model.loss(*args), budget=budget, return_stats=True)
+    expected = jax.grad(model.loss)(model.params, model.batch)
+    for _ in range(2):
+        grads, stats = f(params, batch)
+        assert_trees_close(grads, expected)
+        assert stats.execution == "online" and stats.peak_bytes <= stats.budget_bytes
+
+
+@pytest.mark.parametrize("mode", ["planned", "online"])
+def test_a_branch_returning_one_value_twice_holds_it_under_two_names(mode):
+    """Finding 14: a branch returning one value twice (the forward `switch` of
+    identical branches returns `tanh(u)` as the result and as its residual)
+    gives the caller two values over one buffer. The unconstrained peak freed
+    the buffer at the first one's last read, where the runtime holds it until
+    both are released: at budget 1.0 a run evicted (4 bytes short)."""
+
+    def loss(p, q):
+        v4 = (q + q) + (q + q)
+        v6 = lax.switch(jnp.argmax(v4) % 3, [jnp.tanh, jnp.tanh, jnp.tanh], v4)
+        return jnp.sum(p["k0"] * 0.5) + jnp.sum(q) + jnp.sum(v4) + jnp.sum(v6 * 0.25)
+
+    p, q = {"k0": jnp.float32(0.3)}, jnp.asarray([-0.7], jnp.float32)
+    for chunks in ("never", "always"):
+        (value, grads), stats = jdtr.value_and_grad(loss, (0, 1), return_stats=True, mode=mode, chunks=chunks)(p, q)
+        assert stats.evictions == 0 and stats.peak_bytes <= stats.budget_bytes == stats.unconstrained_peak_bytes
+        assert_trees_close(grads, jax.grad(loss, (0, 1))(p, q))

@@ -244,9 +244,10 @@ def _protected_checkpoint(
 
     def backward(residuals, cotangents):
         vjp_fn, _ = residuals
-        leaves = [x for x in jax.tree_util.tree_leaves(cotangents) if jnp.issubdtype(x.dtype, jnp.inexact)]
+        # (Empty ones hold no element to read; all empty, the cotangent is zero and so is the pullback.)
+        leaves = [x for x in jax.tree_util.tree_leaves(cotangents) if jnp.issubdtype(x.dtype, jnp.inexact) and x.size]
         zeros = lambda f, g: jax.tree_util.tree_map(jnp.zeros_like, jax.eval_shape(f, g))  # noqa: E731
-        if not leaves:  # no float output: nothing flows back
+        if not leaves:  # no float output with an element: nothing flows back
             grads = zeros(vjp_fn, cotangents)
         else:
             leaf = _an_element(leaves)

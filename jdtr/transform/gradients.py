@@ -124,7 +124,7 @@ class _ValueAndGrad:
     def _call(self, leaves: list, arguments):
         traced, inputs, owned, cache_hit = self._prepare(leaves, arguments)
         try:
-            outputs, stats, log = self._run(traced, inputs, owned, cache_hit)
+            outputs, stats, log = self._run(traced, inputs, owned, cache_hit, lambda: self._inputs(leaves, arguments)[0])
         except OutOfBudgetError as err:
             if self.budget.nbytes == 1:
                 err.add_note("budget=1 is one byte (an int is bytes): did you mean budget=1.0, the whole peak?")
@@ -165,8 +165,13 @@ class _ValueAndGrad:
             self.cache[arguments.key] = traced
         else:
             self.cache_hits += 1
+        return (traced, *self._inputs(leaves, arguments), cache_hit)
+
+    def _inputs(self, leaves: list, arguments) -> tuple[list, list]:
+        """The run's input arrays, and which of them jdtr made (from NumPy
+        arrays and Python scalars: the run may free those)."""
         if arguments.arrays_only:  # (a training loop's call: each leaf an input, the caller's)
-            return traced, leaves, [False] * len(leaves), cache_hit
+            return leaves, [False] * len(leaves)
         inputs, owned = [], []
         for leaf, spec in zip(leaves, arguments.specs):
             if type(spec) is Static:
@@ -177,7 +182,7 @@ class _ValueAndGrad:
             else:
                 inputs.append(jnp.asarray(leaf, dtype=spec.dtype))
                 owned.append(True)
-        return traced, inputs, owned, cache_hit
+        return inputs, owned
 
     def _shape_result(self, value_and_grads):
         value, grads = value_and_grads
@@ -187,9 +192,10 @@ class _ValueAndGrad:
             return grads, value[1]
         return grads
 
-    def _run(self, traced: Traced, inputs: list, owned: list, cache_hit: bool):
+    def _run(self, traced: Traced, inputs: list, owned: list, cache_hit: bool, remake: Callable[[], list]):
         """Runs the program on `inputs` within the budget: returns the outputs,
-        the `Stats` and, with `log=`, the operator log to write."""
+        the `Stats` and, with `log=`, the operator log to write. `remake()`
+        makes the inputs again (the owned ones anew)."""
         program = traced.program
         if self.cost_model == MEASURED and program.devices > 1 and jax.process_count() > 1:
             # Every process must run the same plan (their collectives meet), and timings differ.
@@ -222,7 +228,7 @@ class _ValueAndGrad:
             if self.debug:
                 check = LiveArrayCheck(budget_bytes, [*inputs, *(a for _, a in program.consts)])
             try:
-                outputs, report, log = run(traced, budget_bytes, inputs, owned, check)
+                outputs, report, log = run(traced, budget_bytes, inputs, owned, check, remake)
             finally:
                 if check is not None:
                     check.release()
@@ -238,7 +244,7 @@ class _ValueAndGrad:
         )
         return outputs, stats, log
 
-    def _planned(self, traced: Traced, budget_bytes: int, inputs: list, owned: list, check):
+    def _planned(self, traced: Traced, budget_bytes: int, inputs: list, owned: list, check, remake: Callable[[], list]):
         """Runs the cached plan for this budget (made first if there is none)."""
         program = traced.program
         options = (self.heuristic if isinstance(self.heuristic, str) else id(self.heuristic), self.dealloc, tuple(owned))
@@ -284,6 +290,10 @@ class _ValueAndGrad:
                 err.with_traceback(None)
                 went = None
             if went is None:  # this call runs online, deciding as it goes, as before such programs were planned
+                if any(mine and x.is_deleted() for x, mine in zip(inputs, owned)):
+                    # The path run freed inputs jdtr made (from NumPy arrays or Python scalars) before
+                    # its branch: made again from the caller's values (theirs are never freed).
+                    inputs = [y if mine and x.is_deleted() else x for x, y, mine in zip(inputs, remake(), owned)]
                 return self._online(traced, budget_bytes, inputs, owned, check)
             outputs = execution.outputs()
             jax.block_until_ready(outputs)
@@ -313,8 +323,9 @@ class _ValueAndGrad:
         )
         return outputs, report, plan.log if self.log is not None else None
 
-    def _online(self, traced: Traced, budget_bytes: int, inputs: list, owned: list, check):
-        """Runs the program with DTR deciding as it goes (the paper's algorithm)."""
+    def _online(self, traced: Traced, budget_bytes: int, inputs: list, owned: list, check, remake=None):
+        """Runs the program with DTR deciding as it goes (the paper's algorithm).
+        (`remake` is `_planned`'s: nothing runs before an online run to fall back from.)"""
         program = traced.online_program()
         recorder = TraceRecorder() if self.log is not None else None
         counters = Counters()

@@ -237,10 +237,18 @@ def _walk_peak(program: Program, memory: int, peak: int, branch: bool) -> tuple[
         for v in program.release_after.get(i, []):
             if v not in freed:
                 memory -= v.nbytes
-    # A branch output that is one of its inputs, or a literal, becomes a new
-    # reference the caller releases later: count it as allocated (an upper bound).
+    # A branch output that is one of its inputs, or a literal, or a value it
+    # returns twice (`lambda u: (jnp.tanh(u), jnp.tanh(u))`, deduplicated),
+    # becomes a new reference the caller releases later, one buffer under two
+    # of the caller's values: count it as allocated (an upper bound), or the
+    # release of the first of them would count the buffer freed.
     if branch:
-        memory += sum(_atom_nbytes(a) for a in program.outputs if not isinstance(a, Value) or a in freed)
+        returned: set[Value] = set()
+        for a in program.outputs:
+            if not isinstance(a, Value) or a in freed or a in returned:
+                memory += _atom_nbytes(a)
+            else:
+                returned.add(a)
     return max(peak, memory), memory
 
 
