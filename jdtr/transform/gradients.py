@@ -194,8 +194,7 @@ class _ValueAndGrad:
 
     def _run(self, traced: Traced, inputs: list, owned: list, cache_hit: bool, remake: Callable[[], list]):
         """Runs the program on `inputs` within the budget: returns the outputs,
-        the `Stats` and, with `log=`, the operator log to write. `remake()`
-        makes the inputs again (the owned ones anew)."""
+        the `Stats` and, with `log=`, the operator log to write (`remake()`: the inputs made again)."""
         program = traced.program
         if self.cost_model == MEASURED and program.devices > 1 and jax.process_count() > 1:
             # Every process must run the same plan (their collectives meet), and timings differ.
@@ -324,8 +323,7 @@ class _ValueAndGrad:
         return outputs, report, plan.log if self.log is not None else None
 
     def _online(self, traced: Traced, budget_bytes: int, inputs: list, owned: list, check, remake=None):
-        """Runs the program with DTR deciding as it goes (the paper's algorithm).
-        (`remake` is `_planned`'s: nothing runs before an online run to fall back from.)"""
+        """Runs the program with DTR deciding as it goes (the paper's algorithm; `remake`: unused)."""
         program = traced.online_program()
         recorder = TraceRecorder() if self.log is not None else None
         counters = Counters()
