@@ -22,25 +22,18 @@ from __future__ import annotations
 import os
 
 import jax
-import numpy as np
 import pytest
 from hypothesis import given, note, settings
 from hypothesis import strategies as st
 
 import jdtr
-from program_strategies import is_usable, programs, reference
+
+# (Its tolerance, rtol 1e-4: XLA fuses a planned step differently from `jax.grad`'s, sums in another order.)
+from program_strategies import assert_trees_close as assert_close, is_usable, programs, reference
 
 # Each program is several compiles (the plan search measures each plan it
 # tries): the fixed "ci" slice is kept short.
 EXAMPLES = {"ci": 10}.get(os.environ.get("JDTR_HYPOTHESIS_PROFILE", "ci"))
-
-
-def assert_close(actual, expected):
-    assert jax.tree_util.tree_structure(actual) == jax.tree_util.tree_structure(expected)
-    for a, e in zip(jax.tree_util.tree_leaves(actual), jax.tree_util.tree_leaves(expected)):
-        assert a.shape == e.shape and a.dtype == e.dtype, (a.shape, a.dtype, e.shape, e.dtype)
-        # Plans are fused by XLA differently from `jax.grad`'s step: float sums in another order.
-        np.testing.assert_allclose(np.asarray(a), np.asarray(e), rtol=1e-4, atol=1e-5)
 
 
 def plan_within_budget(fun, args, kwargs, program, ratio) -> jdtr.Plan:

@@ -206,7 +206,7 @@ class _ValueAndGrad:
         planned = self.mode == "planned" and plannable(program)
         if planned and branching(program) and (self.timeline or self.log is not None):
             planned = False  # a run by paths is several simulations' parts: its events and log are the online run's
-        run = self._planned if planned else self._online
+        run = functools.partial(self._planned, remake=remake) if planned else self._online
         held = program.held_bytes
         if held > budget_bytes and run == self._online:  # a plan says so itself, with a budget that fits
             raise self._verified(
@@ -227,7 +227,7 @@ class _ValueAndGrad:
             if self.debug:
                 check = LiveArrayCheck(budget_bytes, [*inputs, *(a for _, a in program.consts)])
             try:
-                outputs, report, log = run(traced, budget_bytes, inputs, owned, check, remake)
+                outputs, report, log = run(traced, budget_bytes, inputs, owned, check)
             finally:
                 if check is not None:
                     check.release()
@@ -322,8 +322,8 @@ class _ValueAndGrad:
         )
         return outputs, report, plan.log if self.log is not None else None
 
-    def _online(self, traced: Traced, budget_bytes: int, inputs: list, owned: list, check, remake=None):
-        """Runs the program with DTR deciding as it goes (the paper's algorithm; `remake`: unused)."""
+    def _online(self, traced: Traced, budget_bytes: int, inputs: list, owned: list, check):
+        """Runs the program with DTR deciding as it goes (the paper's algorithm)."""
         program = traced.online_program()
         recorder = TraceRecorder() if self.log is not None else None
         counters = Counters()
