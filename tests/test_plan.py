@@ -231,29 +231,50 @@ def test_remat_grad_under_vmap():
 
 
 
+def sleeping_steps(**seconds):
+    """Stand-ins for compiled steps that sleep the given seconds, and the count of each one's calls."""
+    import time
+
+    calls = dict.fromkeys(seconds, 0)
+
+    def step(name):
+        def run(x):
+            calls[name] += 1
+            time.sleep(seconds[name])
+            return x
+
+        return run
+
+    return [step(name) for name in seconds], calls
+
+
 def test_autotuning_runs_a_step_far_slower_than_the_fastest_once():
     """A candidate whose warm-up run takes `SLOW_WARMUP` times the fastest's
     is not run again (a convolution's gradient under a `cond` on the CPU
     took 33 s of a ResNet's 54 s of planning); the others are timed
     `repeats` times more, interleaved."""
-    import time
-
     from jdtr.transform.autotune import SLOW_WARMUP, median_step_seconds
 
-    calls = {"fast": 0, "slow": 0}
-
-    def step(name, seconds):
-        def run(x):
-            calls[name] += 1
-            time.sleep(seconds)
-            return x
-
-        return run
-
     fast, slow = 0.002, 0.002 * SLOW_WARMUP * 25
-    times = median_step_seconds([step("fast", fast), step("slow", slow)], [jnp.zeros(())], repeats=3)
+    steps, calls = sleeping_steps(fast=fast, slow=slow)
+    times = median_step_seconds(steps, [jnp.zeros(())], repeats=3)
     assert calls == {"fast": 4, "slow": 1}
     assert fast <= times[0] < slow <= times[1]
+
+
+def test_autotuning_stops_timing_a_step_slower_than_the_fastest_in_two_runs():
+    """Successive halving: a candidate whose warm-up and first timed run both
+    take `SLOW_FIRST_ROUND` times the fastest first run (but less than
+    `SLOW_WARMUP` times) is not timed again; one as fast as the fastest is
+    timed every round."""
+    from jdtr.transform.autotune import SLOW_FIRST_ROUND, SLOW_WARMUP, median_step_seconds
+
+    fast = 0.01
+    slower = fast * (SLOW_FIRST_ROUND + SLOW_WARMUP) / 2
+    steps, calls = sleeping_steps(fast=fast, twin=fast, slower=slower)
+    times = median_step_seconds(steps, [jnp.zeros(())], repeats=3)
+    assert calls == {"fast": 4, "twin": 4, "slower": 2}
+    assert times[2] >= slower > max(times[:2])
 
 def test_autotune_keeps_the_fastest_plan_within_the_budget():
     """By default, planning times DTR's plans for this and smaller budgets and
@@ -880,6 +901,43 @@ def test_where_the_search_finds_none_it_takes_the_fitting_plan_measured_before()
     assert search.slow_plan_message(plans[2]) is None
     search.planning.measured = {layout(plans[0]): plans[0]}
     assert search.slow_plan_message(plans[0]) is None  # none without conds to point to
+
+
+def test_the_cond_gated_fallback_is_compiled_only_where_nothing_without_conds_fits(monkeypatch):
+    """A conv net's first plan over the budget, gated by conds, is the
+    search's last resort (~20x slower on the CPU): compiled after every plan
+    without conds failed, and not at all where one fits (a compile saved).
+    Planned at the budget its error suggests, the fallback is the plan,
+    said by a `SlowPlanWarning`, with `jax.grad`'s gradients."""
+    from jdtr.transform.planning import Planning
+
+    compiled = []  # (gate, bytes) of each plan compiled, in order
+    real = Planning.compile
+
+    def recording(self, plans):
+        plans = list(plans)
+        results = real(self, plans)
+        compiled.extend((p.gate, nbytes) for p, (_, nbytes) in zip(plans, results))
+        return results
+
+    monkeypatch.setattr(Planning, "compile", recording)
+    m = model("resnet")  # tiny: XLA's fixed buffers leave no plan without conds at 0.8, one at 0.95
+    plan = jdtr.plan(m.loss, m.params, m.batch, budget=0.95, autotune=False)
+    assert plan.gate != "cond" and plan.compiled_bytes <= plan.budget_bytes
+    over = [gate for gate, nbytes in compiled if nbytes > plan.budget_bytes]
+    assert {"auto", "inputs"} <= set(over)  # a first plan over the budget: a fallback was at hand
+    assert "cond" not in {gate for gate, _ in compiled}
+
+    compiled.clear()
+    with pytest.raises(jdtr.OutOfBudgetError) as info:
+        jdtr.plan(m.loss, m.params, m.batch, budget=0.8, autotune=False)
+    gates = [gate for gate, _ in compiled]
+    assert gates.count("cond") == 1 and gates[-1] == "cond" and len(gates) > 2
+    with pytest.warns(jdtr.SlowPlanWarning):
+        plan = jdtr.plan(m.loss, m.params, m.batch, budget=info.value.suggested_budget_bytes, autotune=False)
+    assert plan.gate == "cond" and plan.compiled_bytes <= plan.budget_bytes
+    reference = jax.jit(jax.grad(m.loss))(m.params, m.batch)
+    assert_trees_close(jax.jit(plan.grad)(m.params, m.batch), reference, rtol=1e-4, atol=1e-6)
 
 
 def test_a_vgg_like_cnn_plans_within_the_budget_with_jax_grads():

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import os
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Iterable, Sequence
 
 import jax
 
@@ -13,12 +13,13 @@ def lower(fn: Callable, specs: Sequence[jax.ShapeDtypeStruct]) -> Any:
     return jax.jit(fn).lower(*specs)
 
 
-def compile_all(lowered: Sequence[Any]) -> list[tuple[Any, int]]:
-    """Compiles in threads: XLA compiles without the GIL, so candidates overlap."""
-    if len(lowered) < 2:
-        return [_compiled_and_bytes(x.compile()) for x in lowered]
-    with concurrent.futures.ThreadPoolExecutor(max_workers=min(len(lowered), os.cpu_count() or 1)) as pool:
-        return list(pool.map(lambda x: _compiled_and_bytes(x.compile()), lowered))
+def compile_all(lowered: Iterable[Any]) -> list[tuple[Any, int]]:
+    """Compiles in threads, each program as soon as `lowered` yields it: XLA
+    compiles without the GIL, so candidates overlap each other and the
+    Python that lowers (or chooses) the next ones."""
+    with concurrent.futures.ThreadPoolExecutor(max_workers=os.cpu_count() or 1) as pool:
+        futures = [pool.submit(lambda x: _compiled_and_bytes(x.compile()), x) for x in lowered]
+        return [f.result() for f in futures]
 
 
 def _compiled_and_bytes(compiled: Any) -> tuple[Any, int]:

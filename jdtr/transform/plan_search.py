@@ -159,7 +159,7 @@ class PlanSearch:
     def run(self, max_attempts: int) -> Optional[Plan]:
         """The plan within the budget, or None."""
         planning, target = self.planning, self.target
-        gated = False  # whether the plan gated by conds was measured (`checkpoint.GATES`): the fallback
+        fallback = None  # the first plan over the target, gated by conds (`checkpoint.GATES`): the last resort
         attempts = repeats = 0
         while attempts < max_attempts:
             plan = search_simulated_budget(
@@ -182,15 +182,15 @@ class PlanSearch:
             if gates_differ(planning.forward, plan.segments, self.implementation):
                 # The taint keeps convolutions fast, but XLA may hoist backward
                 # work on the saved inputs into the forward pass: the same
-                # segments with those inputs gated too ("inputs"), then gated
-                # by conds, kept in case no tainted plan fits (slow).
+                # segments with those inputs gated too ("inputs"); the first
+                # such plan gated by conds is the fallback, should no tainted
+                # plan fit (slow).
                 inputs = self.measure(dataclasses.replace(plan, gate="inputs", compiled_bytes=None))
                 if inputs.compiled_bytes <= target:
                     return self._closer(inputs)
                 plan = min(plan, inputs, key=lambda p: p.compiled_bytes)
-                if not gated:  # kept in `planning.measured`, for `_measured_before`
-                    gated = True
-                    self.measure(dataclasses.replace(plan, gate="cond", compiled_bytes=None))
+                if fallback is None:
+                    fallback = dataclasses.replace(plan, gate="cond", compiled_bytes=None)
             # XLA needed more than the plan's memory model predicted: plan for
             # proportionally less.
             if planning.scale is not None:
@@ -204,6 +204,12 @@ class PlanSearch:
             nested = self._nested_left(tainted)
             if nested is not None:
                 return nested
+            if fallback is not None and layout(fallback) not in self.tried:
+                # Compiled only now, where nothing without conds fit (a
+                # compile saved on every search that finds one); kept in
+                # `planning.measured` for `_measured_before`, here and at
+                # other budgets.
+                self.measure(fallback)
             return self._measured_before()
         # Without convolutions, a plan measured before that fits recomputes
         # less than a left nesting, which keeps the least of all (one input

@@ -33,7 +33,7 @@ import functools
 import warnings
 import weakref
 from dataclasses import dataclass
-from typing import Any, Callable, Iterator, Optional, Sequence, Union
+from typing import Any, Callable, Iterable, Iterator, Optional, Sequence, Union
 
 import jax
 
@@ -252,16 +252,24 @@ class Planning:
         differentiated = set(self.config.arguments.traced_argnums)
         return sum(v.nbytes for i, v in enumerate(self.forward.inputs) if i in differentiated)
 
-    def compile(self, plans: Sequence[Plan]) -> list[tuple[Any, int]]:
-        """Each plan's compiled step and XLA's bytes; new layouts are lowered
-        one by one, then compiled side by side."""
-        new = {}
-        for plan in plans:
-            key = layout(plan)
-            if key not in self.executables and key not in new:
-                new[key] = lower(step_of(plan, self.config), self.config.arguments.traced_specs)
-        self.executables.update(zip(new, compile_all(list(new.values()))))
-        return [self.executables[layout(plan)] for plan in plans]
+    def compile(self, plans: Iterable[Plan]) -> list[tuple[Any, int]]:
+        """Each plan's compiled step and XLA's bytes. A new layout is lowered
+        as `plans` yields it and compiled in the background while the next
+        is chosen (`plans` may be a generator that searches) and lowered."""
+        taken: list[Plan] = []
+        new: list = []
+
+        def lowered():
+            for plan in plans:
+                taken.append(plan)
+                key = layout(plan)
+                if key not in self.executables and key not in new:
+                    new.append(key)
+                    yield lower(step_of(plan, self.config), self.config.arguments.traced_specs)
+
+        compiled = compile_all(lowered())
+        self.executables.update(zip(new, compiled))
+        return [self.executables[layout(plan)] for plan in taken]
 
 
 # Planning a function again for the same shapes (another budget, a sweep of
@@ -375,19 +383,25 @@ def make_plan(
             )
         return chosen
     # Candidates: the plans DTR makes for smaller budgets, which also fit.
-    # Coarser searches suffice for them (within 1/64 of the peak), and they
-    # are lowered first, then compiled side by side.
-    candidates = []
-    for scale in AUTOTUNE_SCALES:
-        plan = search_simulated_budget(planning, search.sim_peak, search.effective_target * scale, heuristic, steps=6)
-        if plan is not None and layout(plan) not in search.tried:
-            search.tried.add(layout(plan))
-            candidates.append(plan)
-    if not planning.kept_scans:  # (uniform segments would cut through a kept scan's neighbours alone)
-        uniform = uniform_plan(planning, chosen)
-        if uniform.predicted_bytes <= search.effective_target and layout(uniform) not in search.tried:
-            candidates.append(uniform)
-    for candidate, executable_and_bytes in zip(candidates, planning.compile(candidates)):
+    # Coarser searches suffice for them (within 1/64 of the peak); each
+    # compiles in the background while the next is searched for and lowered.
+    candidates: list[Plan] = []
+
+    def chosen_candidates():
+        for scale in AUTOTUNE_SCALES:
+            plan = search_simulated_budget(planning, search.sim_peak, search.effective_target * scale, heuristic, steps=6)
+            if plan is not None and layout(plan) not in search.tried:
+                search.tried.add(layout(plan))
+                candidates.append(plan)
+                yield plan
+        if not planning.kept_scans:  # (uniform segments would cut through a kept scan's neighbours alone)
+            uniform = uniform_plan(planning, chosen)
+            if uniform.predicted_bytes <= search.effective_target and layout(uniform) not in search.tried:
+                candidates.append(uniform)
+                yield uniform
+
+    compiled = planning.compile(chosen_candidates())  # fills `candidates`
+    for candidate, executable_and_bytes in zip(candidates, compiled):
         search.record(candidate, executable_and_bytes)
     # The steps are timed on the caller's own arrays where they are concrete:
     # example inputs would sit on the device beside them, and a candidate
