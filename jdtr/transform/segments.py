@@ -133,30 +133,45 @@ def _free_to_cross(v: Value, saved: set) -> bool:
     return v in saved or (not is_float(v) and v.nbytes <= 1024)
 
 
-def _cut_positions(
-    program: Program, crossings: _Crossings, saved: set, residuals: set, cap: float, scans: Mapping = {}
-) -> list[int]:
-    """DTR's persistent checkpoints as cuts, plus cuts that keep every segment's
-    recomputation under `cap` bytes (at the cheapest crossing in reach), and
-    cuts around every kept scan (which runs outside the segments)."""
-    body = program.body
-    n = len(body)
-    cuts = [i for i in range(1, n) if all(_free_to_cross(v, saved) for v in crossings.live[i])]
-    cuts = sorted(set(cuts) | {j for i in scans for j in (i, i + 1) if 0 < j < n})
-    extra = functools.lru_cache(maxsize=None)(lambda i: _crossing_bytes(crossings, i, saved))
-    result, bounds = [], [0, *cuts, n]
-    for start, stop in zip(bounds[:-1], bounds[1:]):
-        last, acc = start, 0.0
-        for i in range(start, stop):
-            acc += sum(v.nbytes for v in body[i].outputs if v in residuals and v not in saved)
-            if acc > cap and i > last:
-                best = min(range(last + 1, i + 1), key=lambda j: (extra(j), -j))
-                result.append(best)
-                last = best
-                acc = sum(v.nbytes for item in body[best : i + 1] for v in item.outputs if v in residuals and v not in saved)
-        if stop < n:
-            result.append(stop)
-    return sorted(set(result))
+class _Cuts:
+    """The cuts of one forward body for one saved set, under any cap on a
+    segment's recomputation: what does not depend on the cap (the
+    persistent checkpoints, each item's recomputed bytes, each crossing's
+    cost) computed once, since `segments` tries a cap per halving."""
+
+    def __init__(self, program: Program, crossings: _Crossings, saved: set, residuals: set, scans: Mapping = {}):
+        body = program.body
+        self.n = n = len(body)
+        self.crossings, self.saved = crossings, saved
+        persistent = {i for i in range(1, n) if all(_free_to_cross(v, saved) for v in crossings.live[i])}
+        self.persistent = sorted(persistent | {j for i in scans for j in (i, i + 1) if 0 < j < n})
+        self.recomputed = [sum(v.nbytes for v in item.outputs if v in residuals and v not in saved) for item in body]
+        self._extra: dict[int, int] = {}
+
+    def _extra_bytes(self, i: int) -> int:
+        found = self._extra.get(i)
+        if found is None:
+            found = self._extra[i] = _crossing_bytes(self.crossings, i, self.saved)
+        return found
+
+    def under(self, cap: float) -> list[int]:
+        """DTR's persistent checkpoints as cuts, plus cuts that keep every
+        segment's recomputation under `cap` bytes (at the cheapest crossing
+        in reach), and cuts around every kept scan (which runs outside the
+        segments)."""
+        recomputed, result, bounds = self.recomputed, [], [0, *self.persistent, self.n]
+        for start, stop in zip(bounds[:-1], bounds[1:]):
+            last, acc = start, 0.0
+            for i in range(start, stop):
+                acc += recomputed[i]
+                if acc > cap and i > last:
+                    best = min(range(last + 1, i + 1), key=lambda j: (self._extra_bytes(j), -j))
+                    result.append(best)
+                    last = best
+                    acc = sum(recomputed[best : i + 1])
+            if stop < self.n:
+                result.append(stop)
+        return sorted(set(result))
 
 
 def _segment(
@@ -367,11 +382,12 @@ def segments(
     if scans:
         max_depth = 1
     crossings = _crossings(program)
+    cutter = _Cuts(program, crossings, saved, residuals, scans)
     total = sum(v.nbytes for v in residuals)
     candidates, seen = [], set()
     cap = float(total) + 1
     while cap >= 1:
-        cuts = tuple(_cut_positions(program, crossings, saved, residuals, cap, scans))
+        cuts = tuple(cutter.under(cap))
         cap /= 2
         if cuts in seen:
             continue
