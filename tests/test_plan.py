@@ -231,21 +231,22 @@ def test_remat_grad_under_vmap():
 
 
 
-def sleeping_steps(**seconds):
-    """Stand-ins for compiled steps that sleep the given seconds, and the count of each one's calls."""
-    import time
-
+def steps_on_a_clock(**seconds):
+    """Stand-ins for compiled steps that take the given seconds on a clock of
+    their own (so that timings do not depend on the machine's load), the
+    clock, and the count of each one's calls."""
+    now = [0.0]
     calls = dict.fromkeys(seconds, 0)
 
     def step(name):
         def run(x):
             calls[name] += 1
-            time.sleep(seconds[name])
+            now[0] += seconds[name]
             return x
 
         return run
 
-    return [step(name) for name in seconds], calls
+    return [step(name) for name in seconds], (lambda: now[0]), calls
 
 
 def test_autotuning_runs_a_step_far_slower_than_the_fastest_once():
@@ -256,10 +257,10 @@ def test_autotuning_runs_a_step_far_slower_than_the_fastest_once():
     from jdtr.transform.autotune import SLOW_WARMUP, median_step_seconds
 
     fast, slow = 0.002, 0.002 * SLOW_WARMUP * 25
-    steps, calls = sleeping_steps(fast=fast, slow=slow)
-    times = median_step_seconds(steps, [jnp.zeros(())], repeats=3)
+    steps, clock, calls = steps_on_a_clock(fast=fast, slow=slow)
+    times = median_step_seconds(steps, [jnp.zeros(())], repeats=3, clock=clock)
     assert calls == {"fast": 4, "slow": 1}
-    assert fast <= times[0] < slow <= times[1]
+    assert times == pytest.approx([fast, slow])
 
 
 def test_autotuning_stops_timing_a_step_slower_than_the_fastest_in_two_runs():
@@ -271,10 +272,11 @@ def test_autotuning_stops_timing_a_step_slower_than_the_fastest_in_two_runs():
 
     fast = 0.01
     slower = fast * (SLOW_FIRST_ROUND + SLOW_WARMUP) / 2
-    steps, calls = sleeping_steps(fast=fast, twin=fast, slower=slower)
-    times = median_step_seconds(steps, [jnp.zeros(())], repeats=3)
+    steps, clock, calls = steps_on_a_clock(fast=fast, twin=fast, slower=slower)
+    times = median_step_seconds(steps, [jnp.zeros(())], repeats=3, clock=clock)
     assert calls == {"fast": 4, "twin": 4, "slower": 2}
-    assert times[2] >= slower > max(times[:2])
+    assert times == pytest.approx([fast, fast, slower])
+
 
 def test_autotune_keeps_the_fastest_plan_within_the_budget():
     """By default, planning times DTR's plans for this and smaller budgets and

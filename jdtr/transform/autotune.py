@@ -14,7 +14,7 @@ noise falls on all alike, and the fastest median wins.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 import time
 
 import jax
@@ -70,32 +70,39 @@ def example_inputs(structs: Sequence[jax.ShapeDtypeStruct], seed: int = 0) -> li
 # rest of planning (a convolution's gradient under a `cond` on the CPU, 20x).
 SLOW_WARMUP = 4.0
 # One whose warm-up and first timed run both take this many times the
-# fastest first run is not timed again either: two slow runs are not noise,
-# and the rounds left would cost most of the timing (on a ResNet, 3 of 6
-# candidates ran 1.3-1.6x the fastest).
+# fastest first run is not timed again either: two slow runs in a row are
+# seldom noise (where they are, the plan kept is within that noise of the
+# one dropped), and the rounds left would cost most of the timing (on a
+# ResNet, 3 of 6 candidates ran 1.3-1.6x the fastest).
 SLOW_FIRST_ROUND = 1.25
 
 
-def median_step_seconds(executables: Sequence[Any], inputs: Sequence[jax.Array], repeats: int = 3) -> list[float]:
+def median_step_seconds(
+    executables: Sequence[Any],
+    inputs: Sequence[jax.Array],
+    repeats: int = 3,
+    clock: Callable[[], float] = time.perf_counter,
+) -> list[float]:
     """Median wall time of each compiled step over `repeats` interleaved rounds
     (after one warm-up run each, which also faults in its memory); a step
     whose warm-up took `SLOW_WARMUP` times the fastest's keeps that time,
     and one whose warm-up and first round both took `SLOW_FIRST_ROUND` times
-    the fastest first round keeps the times it has (successive halving)."""
+    the fastest first round keeps the times it has (successive halving).
+    `clock` reads seconds (a test's own clock)."""
     warmups = []
     for exe in executables:
-        start = time.perf_counter()
+        start = clock()
         jax.block_until_ready(exe(*inputs))
-        warmups.append(time.perf_counter() - start)
+        warmups.append(clock() - start)
     fastest = min(warmups, default=0.0)
     timed = [w <= SLOW_WARMUP * fastest for w in warmups]
     samples: list[list[float]] = [[] if t else [w] for t, w in zip(timed, warmups)]
     for round_ in range(repeats):
         for exe, times, t in zip(executables, samples, timed):
             if t:
-                start = time.perf_counter()
+                start = clock()
                 jax.block_until_ready(exe(*inputs))
-                times.append(time.perf_counter() - start)
+                times.append(clock() - start)
         if round_ == 0:
             first = min((times[0] for times, t in zip(samples, timed) if t), default=0.0)
             timed = [
