@@ -917,9 +917,8 @@ def test_the_cond_gated_fallback_is_compiled_only_where_nothing_without_conds_fi
     real = Planning.compile
 
     def recording(self, plans):
-        plans = list(plans)
         results = real(self, plans)
-        compiled.extend((p.gate, nbytes) for p, (_, nbytes) in zip(plans, results))
+        compiled.extend((p.gate, nbytes) for p, (_, nbytes) in results)
         return results
 
     monkeypatch.setattr(Planning, "compile", recording)

@@ -154,7 +154,7 @@ class PlanSearch:
 
     def measure(self, plan: Plan) -> Plan:
         self.tried.add(layout(plan))
-        return self.record(plan, self.planning.compile([plan])[0])
+        return self.record(plan, self.planning.compile([plan])[0][1])
 
     def run(self, max_attempts: int) -> Optional[Plan]:
         """The plan within the budget, or None."""
@@ -240,7 +240,7 @@ class PlanSearch:
         if layout(plan) in self.tried:
             return plan  # measured by this search: recorded at this target already
         self.tried.add(layout(plan))
-        return self.record(plan, self.planning.compile([plan])[0])
+        return self.record(plan, self.planning.compile([plan])[0][1])
 
     def _without_conds(self, recomputing_convolutions: bool = False) -> list[Plan]:
         """The plans this search measured not gated by conds (with

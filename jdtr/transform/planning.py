@@ -252,8 +252,8 @@ class Planning:
         differentiated = set(self.config.arguments.traced_argnums)
         return sum(v.nbytes for i, v in enumerate(self.forward.inputs) if i in differentiated)
 
-    def compile(self, plans: Iterable[Plan]) -> list[tuple[Any, int]]:
-        """Each plan's compiled step and XLA's bytes. A new layout is lowered
+    def compile(self, plans: Iterable[Plan]) -> list[tuple[Plan, tuple[Any, int]]]:
+        """Each plan with its compiled step and XLA's bytes. A new layout is lowered
         as `plans` yields it and compiled in the background while the next
         is chosen (`plans` may be a generator that searches) and lowered."""
         taken: list[Plan] = []
@@ -269,7 +269,7 @@ class Planning:
 
         compiled = compile_all(lowered())
         self.executables.update(zip(new, compiled))
-        return [self.executables[layout(plan)] for plan in taken]
+        return [(plan, self.executables[layout(plan)]) for plan in taken]
 
 
 # Planning a function again for the same shapes (another budget, a sweep of
@@ -385,23 +385,18 @@ def make_plan(
     # Candidates: the plans DTR makes for smaller budgets, which also fit.
     # Coarser searches suffice for them (within 1/64 of the peak); each
     # compiles in the background while the next is searched for and lowered.
-    candidates: list[Plan] = []
-
     def chosen_candidates():
         for scale in AUTOTUNE_SCALES:
             plan = search_simulated_budget(planning, search.sim_peak, search.effective_target * scale, heuristic, steps=6)
             if plan is not None and layout(plan) not in search.tried:
                 search.tried.add(layout(plan))
-                candidates.append(plan)
                 yield plan
         if not planning.kept_scans:  # (uniform segments would cut through a kept scan's neighbours alone)
             uniform = uniform_plan(planning, chosen)
             if uniform.predicted_bytes <= search.effective_target and layout(uniform) not in search.tried:
-                candidates.append(uniform)
                 yield uniform
 
-    compiled = planning.compile(chosen_candidates())  # fills `candidates`
-    for candidate, executable_and_bytes in zip(candidates, compiled):
+    for candidate, executable_and_bytes in planning.compile(chosen_candidates()):
         search.record(candidate, executable_and_bytes)
     # The steps are timed on the caller's own arrays where they are concrete:
     # example inputs would sit on the device beside them, and a candidate
