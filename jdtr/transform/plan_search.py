@@ -137,16 +137,15 @@ class PlanSearch:
         # What the plan's memory model must fit (whole values; `devices.py` where sharded).
         self.effective_target = planning.scale.to_model(target) if planning.scale else float(target)
         self.tried: set = set()
-        self.compiled: list[tuple[Plan, Any]] = []  # every plan measured, with its executable
+        self.compiled: list[Plan] = []  # every plan measured
         self.best: Optional[Plan] = None
 
-    def record(self, candidate: Plan, executable_and_bytes: tuple[Any, int]) -> Plan:
-        executable, nbytes = executable_and_bytes
+    def record(self, candidate: Plan, nbytes: int) -> Plan:
         measured = dataclasses.replace(
             candidate, budget_bytes=self.target, compiled_bytes=nbytes,
             unconstrained_compiled_bytes=self.planning.unconstrained,
         )
-        self.compiled.append((measured, executable))
+        self.compiled.append(measured)
         self.planning.measured[layout(measured)] = measured
         if self.best is None or measured.compiled_bytes < self.best.compiled_bytes:
             self.best = measured
@@ -154,7 +153,8 @@ class PlanSearch:
 
     def measure(self, plan: Plan) -> Plan:
         self.tried.add(layout(plan))
-        return self.record(plan, self.planning.compile([plan])[0][1])
+        [(_, step)] = self.planning.compile([plan])
+        return self.record(plan, step.nbytes)
 
     def run(self, max_attempts: int) -> Optional[Plan]:
         """The plan within the budget, or None."""
@@ -239,8 +239,7 @@ class PlanSearch:
         plan = max(fits, key=lambda p: (p.gate != "cond", p.compiled_bytes))
         if layout(plan) in self.tried:
             return plan  # measured by this search: recorded at this target already
-        self.tried.add(layout(plan))
-        return self.record(plan, self.planning.compile([plan])[0][1])
+        return self.measure(plan)
 
     def _without_conds(self, recomputing_convolutions: bool = False) -> list[Plan]:
         """The plans this search measured not gated by conds (with
@@ -248,7 +247,7 @@ class PlanSearch:
         conds: tainted), smallest first."""
         forward = self.planning.forward
         plans = [
-            p for p, _ in self.compiled
+            p for p in self.compiled
             if p.gate != "cond" and (not recomputing_convolutions or gates_differ(forward, p.segments, self.implementation))
         ]
         return sorted(plans, key=lambda p: p.compiled_bytes)

@@ -30,6 +30,7 @@ from __future__ import annotations
 import collections
 import dataclasses
 import functools
+import itertools
 import warnings
 import weakref
 from dataclasses import dataclass
@@ -44,7 +45,7 @@ from .arguments import Arguments, argnums_tuple, concrete_leaves, flatten_argume
 from .autotune import Timing, can_autotune, example_inputs, median_step_seconds
 from .checkpoint import named_forward, run_segments
 from .checkpoint_plan import Plan, layout
-from .compiled import compile_all, compiled_bytes, lower
+from .compiled import CompiledStep, compile_all, compiled_bytes, lower, measure_options
 from .devices import DeviceScale, device_scale, is_sharded, placed_scale, placements, unsharded
 from .lowering import simulation
 from .plan_search import PlanSearch, SlowPlanWarning, search_simulated_budget
@@ -182,7 +183,7 @@ class Planning:
     vg: Program
     unconstrained: int
     simulations: dict = dataclasses.field(default_factory=dict)
-    executables: dict = dataclasses.field(default_factory=dict)
+    steps: dict = dataclasses.field(default_factory=dict)  # layout -> CompiledStep
     measured: dict = dataclasses.field(default_factory=dict)  # layout -> the plan with XLA's bytes, every search's
     strategy: ScanStrategy = ScanStrategy()  # how its kept scans run (`scans.py`)
     kept_scans: tuple[KeptScan, ...] = ()
@@ -252,10 +253,14 @@ class Planning:
         differentiated = set(self.config.arguments.traced_argnums)
         return sum(v.nbytes for i, v in enumerate(self.forward.inputs) if i in differentiated)
 
-    def compile(self, plans: Iterable[Plan]) -> list[tuple[Plan, tuple[Any, int]]]:
-        """Each plan with its compiled step and XLA's bytes. A new layout is lowered
-        as `plans` yields it and compiled in the background while the next
-        is chosen (`plans` may be a generator that searches) and lowered."""
+    def compile(self, plans: Iterable[Plan], run: bool = False) -> list[tuple[Plan, CompiledStep]]:
+        """Each plan with its compiled step. A new layout is lowered as
+        `plans` yields it and compiled in the background while the next is
+        chosen (`plans` may be a generator that searches) and lowered.
+        Steps to `run` (autotuning times them) compile with XLA's defaults
+        and keep their executables; the others are only measured
+        (`compiled.measure_options`)."""
+        options = None if run else measure_options()
         taken: list[Plan] = []
         new: list = []
 
@@ -263,13 +268,14 @@ class Planning:
             for plan in plans:
                 taken.append(plan)
                 key = layout(plan)
-                if key not in self.executables and key not in new:
+                found = self.steps.get(key)
+                if (found is None or (run and found.executable is None)) and key not in new:
                     new.append(key)
                     yield lower(step_of(plan, self.config), self.config.arguments.traced_specs)
 
-        compiled = compile_all(lowered())
-        self.executables.update(zip(new, compiled))
-        return [(plan, self.executables[layout(plan)]) for plan in taken]
+        for key, (executable, nbytes) in zip(new, compile_all(lowered(), options)):
+            self.steps[key] = CompiledStep(nbytes, executable if options is None else None)
+        return [(plan, self.steps[layout(plan)]) for plan in taken]
 
 
 # Planning a function again for the same shapes (another budget, a sweep of
@@ -396,8 +402,6 @@ def make_plan(
             if uniform.predicted_bytes <= search.effective_target and layout(uniform) not in search.tried:
                 yield uniform
 
-    for candidate, executable_and_bytes in planning.compile(chosen_candidates()):
-        search.record(candidate, executable_and_bytes)
     # The steps are timed on the caller's own arrays where they are concrete:
     # example inputs would sit on the device beside them, and a candidate
     # within the budget plus a second copy of the arguments is not (on an
@@ -409,23 +413,34 @@ def make_plan(
         inputs = example_inputs(structs)
         copies = sum(int(x.nbytes) for x in inputs)
     limit = max(target, chosen.compiled_bytes)
-    fitting = [(plan, executable) for plan, executable in search.compiled if plan.compiled_bytes + copies <= limit]
-    if any(plan.gate != "cond" for plan, _ in fitting):
-        # A plan gated by conds is measured only as the fallback for a
-        # convolution's recomputation, which runs ~20x slower in a cond on the
-        # CPU: where another fits, it is not worth a run.
-        fitting = [(plan, executable) for plan, executable in fitting if plan.gate != "cond"]
+
+    def timed(plans: list[Plan]) -> list[Plan]:
+        fitting = [plan for plan in plans if plan.compiled_bytes + copies <= limit]
+        if any(plan.gate != "cond" for plan in fitting):
+            # A plan gated by conds is measured only as the fallback for a
+            # convolution's recomputation, which runs ~20x slower in a cond on
+            # the CPU: where another fits, it is not worth a run.
+            fitting = [plan for plan in fitting if plan.gate != "cond"]
+        return fitting
+
+    # The search's plans to time were only measured: they compile again, to
+    # run, in the background with the candidates.
+    searched = timed(search.compiled)
+    compiled = planning.compile(itertools.chain(searched, chosen_candidates()), run=True)
+    for candidate, step in compiled[len(searched):]:
+        search.record(candidate, step.nbytes)
+    fitting = timed(search.compiled)
     if not fitting:
         return chosen  # none can run beside the copy within the budget: chosen by memory
-    seconds = median_step_seconds([executable for _, executable in fitting], inputs)
+    seconds = median_step_seconds([step.executable for _, step in planning.compile(fitting, run=True)], inputs)
     # Within 2% of the fastest is a tie (timing noise): the smallest of those wins.
     ties = [i for i, s in enumerate(seconds) if s <= min(seconds) * (1 + TIE_TOLERANCE)]
-    fastest = min(ties, key=lambda i: fitting[i][0].compiled_bytes)
+    fastest = min(ties, key=lambda i: fitting[i].compiled_bytes)
     timings = tuple(
         Timing(plan.compiled_bytes, s, len(plan.segments), chosen=i == fastest, origin=plan.origin)
-        for i, ((plan, _), s) in enumerate(zip(fitting, seconds))
+        for i, (plan, s) in enumerate(zip(fitting, seconds))
     )
-    return dataclasses.replace(fitting[fastest][0], timings=timings)
+    return dataclasses.replace(fitting[fastest], timings=timings)
 
 
 def _without_remat(planning: Planning, target: float, heuristic, fun: Callable) -> Plan:
