@@ -7,8 +7,8 @@ compile with LLVM's optimizations off. XLA's buffer assignment, which
 generated, and `xla_backend_optimization_level` sets only how hard LLVM
 optimizes the code: at 0 the gradient of the 4-block test transformer
 compiles in 1.7 s against 3.0-3.4 s, and a small ResNet's in 0.8-1.0 s
-against 1.7-2.1 s, to the same bytes (tests/test_plan.py compares them on
-every compiled plan of its models). What runs, the candidates autotuning
+against 1.7-2.1 s, to the same bytes (tests/test_plan.py compares them
+with the caller's jit's on its models' plans). What runs, the candidates autotuning
 times and the caller's own `jax.jit`, keeps XLA's defaults. Other backends
 keep them for everything: the GPU's choice of convolution algorithms sizes
 its scratch, and that is not verified there.
@@ -24,6 +24,7 @@ from typing import Any, Callable, Iterable, Optional, Sequence
 
 import jax
 
+
 @dataclass(frozen=True)
 class CompiledStep:
     """A compiled step's bytes by XLA's analysis, and its executable where it was compiled to run."""
@@ -32,7 +33,7 @@ class CompiledStep:
     executable: Optional[Any] = None  # None: compiled only to be measured
 
 
-# Options for programs only measured, on the CPU.
+# Options for programs only measured, on the CPU (read once per backend).
 MEASURE_OPTIONS: dict[str, object] = {"xla_backend_optimization_level": 0}
 
 
