@@ -66,7 +66,7 @@ SCRIPT = COLLECTIVE_LOSS + textwrap.dedent(
         a = jax.jit(fn).lower(*args).compile().memory_analysis()
         return a.argument_size_in_bytes + a.output_size_in_bytes + a.temp_size_in_bytes - a.alias_size_in_bytes
 
-    m = models.mlp_chain(layers=48, width=32, batch=4096)
+    m = models.mlp_chain(layers=24, width=32, batch=4096)
     for shape, names, weights in (((8,), ("data",), P()), ((2, 4), ("data", "model"), P(None, "model"))):
         mesh = jax.make_mesh(shape, names, axis_types=(AxisType.Auto,) * len(shape))
         params = jax.device_put(m.params, NamedSharding(mesh, weights))
