@@ -24,6 +24,8 @@ from typing import Any, Callable, Iterable, Optional, Sequence
 
 import jax
 
+from .xla_options import accepted
+
 
 @dataclass(frozen=True)
 class CompiledStep:
@@ -41,12 +43,7 @@ MEASURE_OPTIONS: dict[str, object] = {"xla_backend_optimization_level": 0}
 def _measure_options(backend: str) -> Optional[tuple[tuple[str, object], ...]]:
     if backend != "cpu" or not MEASURE_OPTIONS:
         return None
-    options = tuple(sorted(MEASURE_OPTIONS.items()))
-    try:  # an option this XLA does not know is an error at compile time
-        jax.jit(lambda x: -x).lower(jax.ShapeDtypeStruct((), "float32")).compile(dict(options))
-    except Exception:  # noqa: BLE001  (whichever error this XLA raises: nothing is asked)
-        return None
-    return options
+    return tuple(sorted(MEASURE_OPTIONS.items())) if accepted(MEASURE_OPTIONS) else None
 
 
 def measure_options() -> Optional[dict[str, object]]:

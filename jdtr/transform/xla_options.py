@@ -19,7 +19,8 @@ programs, and those `remat_grad` measures, keep XLA's defaults too.
 Where the caller sets the flag in `XLA_FLAGS`, theirs stands. Where this
 XLA does not know the flag (it is a debug option, and JAX 0.11.2's XLA has
 dropped it: "No such compile option"), nothing is asked: a program compiled
-once with it decides.
+once with it decides. (`accepted` is that check, which `compiled` also
+asks of the options it measures plans with.)
 """
 
 from __future__ import annotations
@@ -53,10 +54,14 @@ def _choose() -> dict[str, object]:
         return {}
     flags = os.environ.get("XLA_FLAGS", "")
     options = {name: value for name, value in CPU_OPTIONS.items() if name not in flags}
-    if not options:
-        return {}
-    try:  # a flag this XLA does not know is an error at compile time
+    return options if options and accepted(options) else {}
+
+
+def accepted(options: dict[str, object]) -> bool:
+    """Whether this XLA compiles with `options`: one it does not know is an
+    error at compile time (whichever error it raises, the options are not asked)."""
+    try:
         jax.jit(jnp.negative).lower(jax.ShapeDtypeStruct((), jnp.float32)).compile(options)
-    except Exception:  # noqa: BLE001  (whichever error this XLA raises: the flag is not asked)
-        return {}
-    return options
+    except Exception:  # noqa: BLE001
+        return False
+    return True
