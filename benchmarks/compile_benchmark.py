@@ -10,7 +10,9 @@ the variants in turns, round after round:
   (`xla_options.CPU_OPTIONS = {}`);
 - "older emitters for chunks": the chunks compiled with `xla_options`' older
   emitters too (`chunks.CHUNK_OPTIONS`), as before 2026-11-27;
-- "one thread": a plan's chunks compiled one at a time (`chunks.COMPILE_THREADS = 1`).
+- "one thread": a plan's chunks compiled one at a time (`chunks.COMPILE_THREADS = 1`);
+- "equations one at a time": the first call's programs of single equations
+  compiled one at a time (`executable.COMPILE_THREADS = 1`), as before 2026-11-29.
 
     python benchmarks/compile_benchmark.py --rounds 2
 """
@@ -33,7 +35,7 @@ MODELS = {
     "mlp64x32_b256": "models.mlp_chain(layers=64, width=32, batch=256)",
     "mlp64x256_b2048": "models.mlp_chain(layers=64, width=256, batch=2048)",
 }
-VARIANTS = ("default", "xla emitters", "older emitters for chunks", "one thread")
+VARIANTS = ("default", "xla emitters", "older emitters for chunks", "one thread", "equations one at a time")
 
 
 def child(variant: str, model_name: str, ratio: float, steps: int) -> dict:
@@ -41,7 +43,7 @@ def child(variant: str, model_name: str, ratio: float, steps: int) -> dict:
 
     import jdtr
     from jdtr import models
-    from jdtr.transform import chunks, xla_options
+    from jdtr.transform import chunks, executable, xla_options
 
     if variant == "xla emitters":
         xla_options.CPU_OPTIONS = {}
@@ -49,6 +51,8 @@ def child(variant: str, model_name: str, ratio: float, steps: int) -> dict:
         chunks.CHUNK_OPTIONS = xla_options.compiler_options()
     elif variant == "one thread":
         chunks.COMPILE_THREADS = 1
+    elif variant == "equations one at a time":
+        executable.COMPILE_THREADS = 1
     model = eval(MODELS[model_name], {"models": models})  # noqa: S307  (this file's own expressions)
     args = (model.params, model.batch)
     f = jdtr.grad(model.loss, budget=ratio)

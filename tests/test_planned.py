@@ -263,6 +263,57 @@ def test_chunks_compiled_side_by_side_are_those_compiled_one_by_one(monkeypatch)
     programs = [item for item in cut(plan.line, avals, stats.budget_bytes) if isinstance(item, Chunk) and len(item.steps) > 1]
     assert len({id(c.call) for c in programs}) < len(programs), "no chunk repeated: nothing shown"
 
+def test_a_first_calls_single_equations_compile_side_by_side_as_one_by_one(monkeypatch):
+    """A new structure's first call compiles a program per distinct equation
+    (its workspace is XLA's temporaries for it) in threads: the workspaces
+    are those a compile one at a time gives, a cond's branches' included,
+    each distinct program is compiled once, and the executables compiled
+    are those the run then calls (no compile after the trace)."""
+
+    def loss(w, x):
+        for _ in range(3):  # equal layers: one executable each
+            x = jnp.tanh(x @ w)
+        x = jax.lax.cond(jnp.sum(x) > 0, lambda a: jnp.cumsum(a @ w, axis=0), lambda a: jnp.sort(a, axis=0), x)
+        return jnp.sum(jnp.linalg.eigh(x.T @ x)[0])  # (eigh's LAPACK workspace: XLA temporaries)
+
+    w = jax.random.normal(jax.random.PRNGKey(0), (32, 32)) / 6
+    x = jax.random.normal(jax.random.PRNGKey(1), (64, 32))
+    xla_options.compiler_options()  # (its probe of XLA's flags compiles, once per process)
+    compile_real = jax.stages.Lowered.compile
+    compiled = []
+
+    def compile_recorded(self, compiler_options=None):
+        compiled.append(threading.current_thread().name)
+        return compile_real(self, compiler_options)
+
+    monkeypatch.setattr(jax.stages.Lowered, "compile", compile_recorded)
+
+    def equations(program):
+        for item in program.body:
+            if hasattr(item, "branches"):
+                for branch in item.branches:
+                    yield from equations(branch)
+            else:
+                yield item
+
+    runs = {}
+    for threads in (4, 1):
+        monkeypatch.setattr(executable_module, "COMPILE_THREADS", threads)
+        executable_module.clear_executable_cache()
+        compiled.clear()
+        f = jdtr.grad(lambda w, x: loss(w, x), budget=1.0, chunks="never")
+        grads = f(w, x)
+        (traced,) = f.cache.values()
+        body = list(equations(traced.program))
+        distinct = {id(item.executable) for item in body if item.executable is not None}
+        assert len(compiled) == len(distinct) < len(body), "a program compiled twice, or after the trace"
+        runs[threads] = ([(item.name, item.workspace) for item in body], set(compiled))
+        expected = np.asarray(jax.jit(jax.grad(loss))(w, x))
+        np.testing.assert_allclose(np.asarray(grads) / np.abs(expected).max(), expected / np.abs(expected).max(), atol=1e-5)
+    assert runs[4][0] == runs[1][0] and any(workspace > 0 for _, workspace in runs[4][0])
+    assert runs[4][1] != {threading.main_thread().name} and runs[1][1] == {threading.main_thread().name}
+
+
 
 def test_jdtrs_own_programs_ask_the_cpu_for_its_older_faster_compiling_emitters(monkeypatch):
     """On the CPU, jdtr's executables of single equations are compiled

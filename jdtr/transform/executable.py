@@ -17,8 +17,10 @@ count kept (docs/benchmarks.md).
 
 from __future__ import annotations
 
+import os
 import threading
 from collections import OrderedDict
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Callable, Hashable, Optional, Sequence
 
@@ -55,6 +57,8 @@ class Analysis:
 # otherwise keep every executable (and XLA's code for it) it ever made. A
 # trace holds its equations' executables, so what a cached trace runs stays.
 MAX_EXECUTABLES = 4096
+# Programs of single equations compiled side by side, at most (`analyses`).
+COMPILE_THREADS = max(1, min(8, os.cpu_count() or 1))
 _CACHE: "OrderedDict[Hashable, Executable]" = OrderedDict()
 _LOCK = threading.Lock()
 
@@ -173,43 +177,71 @@ def placed_executable(exe: Executable, out_shardings: tuple) -> Executable:
     return executable(("placed", id(original), out_shardings), lambda: lambda *args: tuple(original(*args)), True, out_shardings)
 
 
+def _types(args: Sequence[Any]) -> tuple:
+    # (dtypes as themselves: hashable, and `str` of a dtype is slow in numpy)
+    return tuple((tuple(a.shape), a.dtype, a.weak_type, getattr(a, "sharding", None)) for a in args)
+
+
 def analysis(exe: Executable, args: Sequence[Any]) -> Analysis:
     """XLA's analysis of one run of `exe` on values like `args` (anything
     with a shape, a dtype, a weak type and, for values sharded over a mesh,
     a `sharding`): the compilation a first call makes, so it is not paid
     twice. No temporaries and no shardings where XLA cannot say."""
-    # (dtypes as themselves: hashable, and `str` of a dtype is slow in numpy)
-    key = tuple((tuple(a.shape), a.dtype, a.weak_type, getattr(a, "sharding", None)) for a in args)
-    found = exe.analyses.get(key)
-    if found is None:
+    return analyses([(exe, args)])[0]
+
+
+def analyses(runs: Sequence[tuple[Executable, Sequence[Any]]]) -> list[Analysis]:
+    """`analysis` of each (executable, arguments) of `runs`, the missing ones
+    compiled side by side (`COMPILE_THREADS`): a new structure's first call
+    compiles one program per distinct equation, hundreds of small ones, and
+    XLA compiles without the GIL. Lowering (tracing: Python) stays here."""
+    pending: dict[tuple[int, tuple], tuple[Executable, tuple, Any]] = {}
+    for exe, args in runs:
+        key = _types(args)
+        if key in exe.analyses or (id(exe), key) in pending:
+            continue
         structs = [jax.ShapeDtypeStruct(a.shape, a.dtype, weak_type=a.weak_type, sharding=getattr(a, "sharding", None)) for a in args]
         try:
-            compiled = exe.jitted.lower(*structs).compile()
+            lowered = exe.jitted.lower(*structs)
         except Exception:  # noqa: BLE001 - no analysis (effects, backends without one): nothing to add
-            found = Analysis(0, None)
-        else:
-            memory = compiled.memory_analysis()
-            temps = max(int(memory.temp_size_in_bytes), 0) if memory is not None else 0
-            shardings = compiled.output_shardings
-            found = Analysis(temps, tuple(shardings) if isinstance(shardings, (list, tuple)) else (shardings,))
-        exe.analyses[key] = found
-    return found
+            exe.analyses[key] = Analysis(0, None)
+            continue
+        pending[(id(exe), key)] = (exe, key, lowered)
+    work = list(pending.values())
+    if len(work) > 1 and COMPILE_THREADS > 1:
+        with ThreadPoolExecutor(min(COMPILE_THREADS, len(work))) as pool:
+            found = list(pool.map(lambda entry: _analysed(entry[2]), work))
+    else:
+        found = [_analysed(lowered) for _, _, lowered in work]
+    for (exe, key, _), result in zip(work, found):
+        exe.analyses[key] = result
+    return [exe.analyses[_types(args)] for exe, args in runs]
 
 
-def temp_bytes(exe: Executable, args: Sequence[Any]) -> int:
-    """XLA's temporary bytes for one run of `exe` on values like `args`
-    (`memory_analysis()` of its compiled form). 0 where XLA cannot say."""
-    return analysis(exe, args).temps
+def _analysed(lowered: Any) -> Analysis:
+    try:
+        compiled = lowered.compile()
+    except Exception:  # noqa: BLE001 - as above
+        return Analysis(0, None)
+    memory = compiled.memory_analysis()
+    temps = max(int(memory.temp_size_in_bytes), 0) if memory is not None else 0
+    shardings = compiled.output_shardings
+    return Analysis(temps, tuple(shardings) if isinstance(shardings, (list, tuple)) else (shardings,))
 
 
 def assign_workspaces(program: Program) -> None:
     """Sets each equation's `workspace` (branches included): the bytes XLA
     takes beside its inputs and outputs while it runs. Equations with
     effects keep 0: they run once, pinned, and are never replayed."""
+    equations = [item for item in _equations(program) if item.executable is not None and not item.effects]
+    for item, found in zip(equations, analyses([(item.executable, item.args) for item in equations])):
+        item.workspace = found.temps
+
+
+def _equations(program: Program):
     for item in program.body:
         if isinstance(item, Equation):
-            if item.executable is not None and not item.effects:
-                item.workspace = temp_bytes(item.executable, item.args)
+            yield item
         elif isinstance(item, Cond):
             for branch in item.branches:
-                assign_workspaces(branch)
+                yield from _equations(branch)
