@@ -216,6 +216,37 @@ def test_remat_grad_and_value_and_grad_keep_a_scan_under_jit():
     )
 
 
+def test_a_strategy_whose_floor_is_out_of_reach_compiles_no_plan(monkeypatch):
+    """Where the memory model's floor for a kept scan's strategy (what it
+    keeps, no segment at all) is beyond the target by more than XLA ever
+    brings it down (`SCAN_FLOOR_REACH`), none of its plans is compiled:
+    searched anyway, each compiles over the target; the plan is the same."""
+    from jdtr.transform import plan_search
+    from jdtr.transform.checkpoint_plan import layout
+
+    m = models.rnn(steps=16, hidden=64, features=8, batch=32)
+    measured = []
+    record = plan_search.PlanSearch.record
+
+    def recorded(self, candidate, nbytes):
+        measured.append((tuple(k.strategy for k in self.planning.kept_scans), nbytes, self.target))
+        return record(self, candidate, nbytes)
+
+    monkeypatch.setattr(plan_search.PlanSearch, "record", recorded)
+    plans, runs, reach_now = {}, {}, plan_search.SCAN_FLOOR_REACH
+    for reach in (reach_now, 0.0):  # 0: every strategy searched
+        monkeypatch.setattr(plan_search, "SCAN_FLOOR_REACH", reach)
+        measured.clear()
+        plans[reach] = jdtr.plan(lambda p, b: m.loss(p, b), m.params, m.batch, budget=0.5, autotune=False)
+        runs[reach] = list(measured)
+    kept, every = runs[reach_now], runs[0.0]
+    skipped = {strategies for strategies, _, _ in every} - {strategies for strategies, _, _ in kept}
+    assert skipped and len(kept) < len(every)
+    assert all(nbytes > target for strategies, nbytes, target in every if strategies in skipped)
+    chosen, searched = plans[reach_now], plans[0.0]
+    assert layout(chosen) == layout(searched) and chosen.compiled_bytes == searched.compiled_bytes <= chosen.budget_bytes
+
+
 def test_where_no_strategy_fits_the_scan_is_unrolled_as_before(monkeypatch):
     """With only the strategy that keeps every residual (which cannot fit
     0.5), the planner falls back to unrolling the scan, which does."""

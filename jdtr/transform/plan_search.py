@@ -38,6 +38,15 @@ MAX_REPEATS = 3
 NESTING_DEPTHS = (1, 3, 5)
 
 
+# A kept scan's strategy is searched only where the memory model's floor for
+# it (arguments, gradients and what the strategy keeps for its scans, no
+# segment at all) times this is within the target. XLA compiled the plans
+# of four scan models (a scan GPT, an LSTM, two RNNs; 0.7, 0.5 and 0.3) to
+# 0.76-1.27 of that floor; a strategy searched above it had each plan
+# compiled, over the target, twice (docs/benchmarks.md).
+SCAN_FLOOR_REACH = 0.7
+
+
 class SlowPlanWarning(UserWarning):
     """The only plans `jdtr.plan` / `remat_grad` found within the budget
     recompute convolutions inside `lax.cond`s, which XLA on the CPU runs
@@ -124,6 +133,18 @@ def search_simulated_budget(
         # the segments alone, cut from the unconstrained run, may still fit.
         return plan_at(planning, max(int(sim_peak), 1), target, heuristic, 3)
     return smallest
+
+
+def out_of_reach(planning: Any, target: float) -> bool:
+    """Whether no plan of this planning's scan strategy can fit `target`: its
+    memory model's floor (`predicted_bytes` without segments) is more than
+    XLA has ever brought such a floor down to (`SCAN_FLOOR_REACH`). Only
+    for kept scans, whose strategy keeps bytes no segment can save."""
+    if not planning.kept_scans:
+        return False
+    effective = planning.scale.to_model(target) if planning.scale else float(target)
+    floor = predicted_bytes(planning.forward, (), planning.gradient_bytes, planning.scan_memory)
+    return floor * SCAN_FLOOR_REACH > effective
 
 
 class PlanSearch:

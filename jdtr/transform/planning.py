@@ -48,7 +48,7 @@ from .checkpoint_plan import Plan, layout
 from .compiled import CompiledStep, compile_all, compiled_bytes, lower, measure_options
 from .devices import DeviceScale, device_scale, is_sharded, placed_scale, placements, unsharded
 from .lowering import simulation
-from .plan_search import PlanSearch, SlowPlanWarning, search_simulated_budget
+from .plan_search import PlanSearch, SlowPlanWarning, out_of_reach, search_simulated_budget
 from .normalize import normalize
 from .program import Program, Value
 from .scans import STRATEGIES, KeptScan, ScanMemory, ScanStrategy, kept_scans, scan_memory, with_strategy
@@ -357,6 +357,8 @@ def make_plan(
     # Kept scans: the strategies in turn, least recompute first, until one fits.
     searches: list[PlanSearch] = []
     for planning in base.scan_levels():
+        if out_of_reach(planning, target):
+            continue  # (its plans would each compile over the target)
         search = PlanSearch(planning, target, heuristic, implementation)
         searches.append(search)
         chosen = search.run(max_attempts)
