@@ -31,7 +31,6 @@ recursive model in another tree — compile once, across calls and budgets.
 
 from __future__ import annotations
 
-import os
 import threading
 from collections import OrderedDict
 from concurrent.futures import ThreadPoolExecutor
@@ -43,6 +42,7 @@ import jax
 
 from ..offline import Compute, Free, Read, StraightLine
 from ..quiet import ignoring
+from .executable import COMPILE_THREADS as _DEFAULT_THREADS
 from .program import Value
 
 # Compiled chunks kept, least recently used first out.
@@ -371,7 +371,7 @@ _LOCK = threading.Lock()
 # Chunk programs compiled side by side, at most. XLA on the CPU already uses
 # both of 2 cores for part of a compile: there, second calls are about 10%
 # shorter with threads (docs/benchmarks.md, "Compiling jdtr's own programs").
-COMPILE_THREADS = max(1, min(8, os.cpu_count() or 1))
+COMPILE_THREADS = _DEFAULT_THREADS  # (its own: a benchmark sets it apart)
 # XLA's options for chunks: its defaults, not `xla_options`' older emitters
 # (asked for the executables of single equations). With those, a 64-layer MLP
 # of width 32 ran its step 20-25% slower and compiled its chunks 9x longer;

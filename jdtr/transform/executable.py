@@ -57,7 +57,8 @@ class Analysis:
 # otherwise keep every executable (and XLA's code for it) it ever made. A
 # trace holds its equations' executables, so what a cached trace runs stays.
 MAX_EXECUTABLES = 4096
-# Programs of single equations compiled side by side, at most (`analyses`).
+# Programs compiled side by side, at most: single equations (`analyses`);
+# chunks take the same default (`chunks.COMPILE_THREADS`, set apart).
 COMPILE_THREADS = max(1, min(8, os.cpu_count() or 1))
 _CACHE: "OrderedDict[Hashable, Executable]" = OrderedDict()
 _LOCK = threading.Lock()
@@ -195,9 +196,9 @@ def analyses(runs: Sequence[tuple[Executable, Sequence[Any]]]) -> list[Analysis]
     compiled side by side (`COMPILE_THREADS`): a new structure's first call
     compiles one program per distinct equation, hundreds of small ones, and
     XLA compiles without the GIL. Lowering (tracing: Python) stays here."""
+    keys = [_types(args) for _, args in runs]
     pending: dict[tuple[int, tuple], tuple[Executable, tuple, Any]] = {}
-    for exe, args in runs:
-        key = _types(args)
+    for (exe, args), key in zip(runs, keys):
         if key in exe.analyses or (id(exe), key) in pending:
             continue
         structs = [jax.ShapeDtypeStruct(a.shape, a.dtype, weak_type=a.weak_type, sharding=getattr(a, "sharding", None)) for a in args]
@@ -215,7 +216,7 @@ def analyses(runs: Sequence[tuple[Executable, Sequence[Any]]]) -> list[Analysis]
         found = [_analysed(lowered) for _, _, lowered in work]
     for (exe, key, _), result in zip(work, found):
         exe.analyses[key] = result
-    return [exe.analyses[_types(args)] for exe, args in runs]
+    return [exe.analyses[key] for (exe, _), key in zip(runs, keys)]
 
 
 def _analysed(lowered: Any) -> Analysis:

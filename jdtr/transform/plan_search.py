@@ -142,9 +142,13 @@ def out_of_reach(planning: Any, target: float) -> bool:
     for kept scans, whose strategy keeps bytes no segment can save."""
     if not planning.kept_scans:
         return False
-    effective = planning.scale.to_model(target) if planning.scale else float(target)
     floor = predicted_bytes(planning.forward, (), planning.gradient_bytes, planning.scan_memory)
-    return floor * SCAN_FLOOR_REACH > effective
+    return floor * SCAN_FLOOR_REACH > model_target(planning, target)
+
+
+def model_target(planning: Any, target: float) -> float:
+    """`target` in the plan's memory model: whole values (`devices.py` where sharded)."""
+    return planning.scale.to_model(target) if planning.scale else float(target)
 
 
 class PlanSearch:
@@ -155,8 +159,7 @@ class PlanSearch:
     def __init__(self, planning: Any, target: float, heuristic, implementation: str):
         self.planning, self.target, self.heuristic, self.implementation = planning, target, heuristic, implementation
         self.sim_peak = planning.vg.unconstrained_peak()
-        # What the plan's memory model must fit (whole values; `devices.py` where sharded).
-        self.effective_target = planning.scale.to_model(target) if planning.scale else float(target)
+        self.effective_target = model_target(planning, target)  # what the plan's memory model must fit
         self.tried: set = set()
         self.compiled: list[Plan] = []  # every plan measured
         self.best: Optional[Plan] = None
