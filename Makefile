@@ -18,8 +18,9 @@ demo: $(STAMP)
 # The tests share JAX's persistent compilation cache, in a directory of
 # their own for the run: the same programs (a model's equations, jax.grad's
 # reference steps, the subprocesses' meshes) are compiled by many tests, on
-# both workers. The suite took 754 s instead of 877 s on 2 cores, with the
-# same results (docs/benchmarks.md, "The suite's time"). Fresh each run, so
+# both workers. On 2 cores pytest took 754 s instead of 877 s side by side,
+# and 801-835 s in CI against 867-884 s before, with the same results
+# (docs/benchmarks.md, "A process started again"). Fresh each run, so
 # nothing is read back from an earlier one.
 WITH_XLA_CACHE = cache=$$(mktemp -d) && trap 'rm -rf "$$cache"' EXIT && \
 	JAX_COMPILATION_CACHE_DIR="$$cache" JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS=0 \
