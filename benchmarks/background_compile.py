@@ -76,5 +76,6 @@ def main() -> None:
     calls = 1 + max(took[0] - foreground, 0.0) // by_chunks
     print(f"in those {took[0]:.2f} s, compiling in the foreground then calling as chunks makes {calls:.0f} calls")
 
+
 if __name__ == "__main__":
     main()
