@@ -245,14 +245,17 @@ def test_remat_grad_under_vmap():
 def steps_on_a_clock(**seconds):
     """Stand-ins for compiled steps that take the given seconds on a clock of
     their own (so that timings do not depend on the machine's load), the
-    clock, and the count of each one's calls."""
+    clock, and the count of each one's calls. A pair of seconds is a step's
+    first run, then every later one."""
     now = [0.0]
     calls = dict.fromkeys(seconds, 0)
 
     def step(name):
+        first, later = seconds[name] if isinstance(seconds[name], tuple) else (seconds[name],) * 2
+
         def run(x):
             calls[name] += 1
-            now[0] += seconds[name]
+            now[0] += first if calls[name] == 1 else later
             return x
 
         return run
@@ -260,18 +263,31 @@ def steps_on_a_clock(**seconds):
     return [step(name) for name in seconds], (lambda: now[0]), calls
 
 
-def test_autotuning_runs_a_step_far_slower_than_the_fastest_once():
-    """A candidate whose warm-up run takes `SLOW_WARMUP` times the fastest's
-    is not run again (a convolution's gradient under a `cond` on the CPU
-    took 33 s of a ResNet's 54 s of planning); the others are timed
-    `repeats` times more, interleaved."""
+def test_autotuning_runs_a_step_far_slower_than_the_fastest_twice():
+    """A candidate whose warm-up run, and a second run, take `SLOW_WARMUP`
+    times the fastest warm-up is not run again (a convolution's gradient
+    under a `cond` on the CPU took 33 s of a ResNet's 54 s of planning); the
+    others are timed `repeats` times more, interleaved."""
     from jdtr.transform.autotune import SLOW_WARMUP, median_step_seconds
 
     fast, slow = 0.002, 0.002 * SLOW_WARMUP * 25
     steps, clock, calls = steps_on_a_clock(fast=fast, slow=slow)
     times = median_step_seconds(steps, [jnp.zeros(())], repeats=3, clock=clock)
-    assert calls == {"fast": 4, "slow": 1}
+    assert calls == {"fast": 4, "slow": 2}
     assert times == pytest.approx([fast, slow])
+
+
+def test_autotuning_times_a_new_step_whose_first_run_is_slow_beside_one_run_before():
+    """An executable's first run pays a one-time cost that a candidate run
+    before (planning the same step at another budget) paid already: the new
+    one, slow only in its first run, is timed as the others and can win."""
+    from jdtr.transform.autotune import SLOW_WARMUP, median_step_seconds
+
+    warm, cold = 0.006, (0.006 * SLOW_WARMUP * 12, 0.005)
+    steps, clock, calls = steps_on_a_clock(warm=warm, cold=cold)
+    times = median_step_seconds(steps, [jnp.zeros(())], repeats=3, clock=clock)
+    assert calls == {"warm": 4, "cold": 5}
+    assert times == pytest.approx([warm, 0.005])
 
 
 def test_autotuning_stops_timing_a_step_slower_than_the_fastest_in_two_runs():
