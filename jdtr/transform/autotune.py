@@ -79,7 +79,9 @@ SLOW_WARMUP = 4.0
 # fastest first run is not timed again either: two slow runs in a row are
 # seldom noise (where they are, the plan kept is within that noise of the
 # one dropped), and the rounds left would cost most of the timing (on a
-# ResNet, 3 of 6 candidates ran 1.3-1.6x the fastest).
+# ResNet, 3 of 6 candidates ran 1.3-1.6x the fastest). (A warm-up that is an
+# executable's first run is often that slow by its one-time cost alone: the
+# first round then decides.)
 SLOW_FIRST_ROUND = 1.25
 
 
