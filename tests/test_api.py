@@ -218,6 +218,32 @@ def test_budget_below_the_arguments_fails_before_any_work():
 # ------------------------------------------------------------------- effects
 
 
+def test_measured_costs_time_an_executables_run_after_its_first():
+    """An executable's first run pays a one-time cost (on the CPU about 5x
+    its later runs, median): measuring costs, an executable that has not run
+    in the process runs once untimed first. A pure callback shows the extra
+    run; an effect still runs once."""
+    params, x = make_params(layers=4)
+    pure, effects = [], []
+
+    def host(v):
+        pure.append(1)
+        return v
+
+    def loss(params, x):
+        h = jax.pure_callback(host, jax.ShapeDtypeStruct(x.shape, x.dtype), x)  # (x is not differentiated)
+        for w in params["layers"]:
+            h = jnp.tanh(h @ w["w"] + w["b"])
+        jax.debug.callback(lambda v: effects.append(1), jnp.sum(h))
+        return jnp.mean(h**2)
+
+    got, stats = jdtr.grad(loss, cost_model="measured", return_stats=True)(params, x)
+    assert stats.execution == "online" and (len(pure), len(effects)) == (2, 1)
+    assert_trees_close(got, jax.grad(loss)(params, x))  # (the callbacks run once more each)
+    jdtr.grad(loss, cost_model="measured")(params, x)  # a new function, the same executables: run before
+    assert (len(pure), len(effects)) == (4, 3)
+
+
 def test_effects_run_once_and_are_never_replayed():
     params, x = make_params(layers=16)
     calls = []
