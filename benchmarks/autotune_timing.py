@@ -15,7 +15,6 @@ from __future__ import annotations
 import argparse
 import statistics
 import sys
-import time
 
 import jax
 
@@ -25,7 +24,7 @@ from jdtr.transform import planning as planning_module
 from jdtr.transform.checkpoint_plan import layout
 
 sys.path.insert(0, __file__.rsplit("/", 1)[0])
-from grad_benchmark import machine  # noqa: E402
+from grad_benchmark import machine, timed  # noqa: E402
 
 MODELS = {
     "transformer": lambda: models.transformer(blocks=3, dim=32, heads=2, seq=64, batch=8, vocab=64),
@@ -39,12 +38,7 @@ def warm_seconds(executable, leaves, repeats: int) -> float:
     """The median of `repeats` runs, after two runs that are not counted."""
     for _ in range(2):
         jax.block_until_ready(executable(*leaves))
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        jax.block_until_ready(executable(*leaves))
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
+    return statistics.median(timed(executable, *leaves)[0] for _ in range(repeats))
 
 
 def candidates(loss):
