@@ -477,6 +477,45 @@ def flax_resnet_groupnorm(blocks: int = 8, channels: int = 32, image: int = 32, 
     return Model(f"flax_resnet_gn{blocks}x{channels}_i{image}_b{batch}", loss, state, (x, jnp.arange(batch) % 10))
 
 
+def flax_unet(channels: int = 16, image: int = 32, batch: int = 16, seed: int = 0) -> Model:
+    """A two-level U-Net in Flax NNX, regressing a one-channel map: 3x3
+    convolutions with GELU and SiLU, an average pool down, nearest
+    `jax.image.resize` up (a gather, whose pullback scatters into zeros), a
+    LayerNorm, and skips concatenated across the bottleneck and from the
+    first layer to the last."""
+    from flax import nnx
+
+    c = channels
+
+    class Net(nnx.Module):
+        def __init__(self, rngs):
+            self.down1 = nnx.Conv(3, c, (3, 3), rngs=rngs)
+            self.down2 = nnx.Conv(c, 2 * c, (3, 3), rngs=rngs)
+            self.mid = nnx.Conv(2 * c, 2 * c, (3, 3), rngs=rngs)
+            self.up = nnx.Conv(4 * c, c, (3, 3), rngs=rngs)
+            self.norm = nnx.LayerNorm(c, rngs=rngs)
+            self.out = nnx.Conv(2 * c, 1, (1, 1), rngs=rngs)
+
+        def __call__(self, x):
+            h1 = nnx.gelu(self.down1(x))
+            h2 = nnx.silu(self.down2(nnx.avg_pool(h1, (2, 2), strides=(2, 2))))
+            u = jnp.concatenate([nnx.relu(self.mid(h2)) + h2, h2], -1)
+            u = jax.image.resize(u, (u.shape[0], 2 * u.shape[1], 2 * u.shape[2], u.shape[3]), "nearest")
+            u = self.norm(nnx.relu(self.up(u)))
+            return self.out(jnp.concatenate([u, h1], -1))
+
+    graphdef, state = nnx.split(Net(nnx.Rngs(seed)))
+
+    def loss(params, batch):
+        x, y = batch
+        return jnp.mean((nnx.merge(graphdef, params)(x) - y) ** 2)
+
+    kx, ky = jax.random.split(jax.random.PRNGKey(seed))
+    x = jax.random.normal(kx, (batch, image, image, 3))
+    y = jax.random.normal(ky, (batch, image, image, 1))
+    return Model(f"flax_unet{channels}_i{image}_b{batch}", loss, state, (x, y))
+
+
 def flax_scan_lstm(steps: int = 64, hidden: int = 256, features: int = 64, batch: int = 64, seed: int = 0) -> Model:
     """An LSTM in Flax NNX (`OptimizedLSTMCell`) run by `lax.scan` over the
     steps of its batch (steps, batch, features), a linear read-out of every step."""

@@ -90,7 +90,8 @@ def plan_of(name, ratio, implementation="auto", autotune=False):
 
 
 # The test ResNet is tiny (42 KiB compiled): arguments and XLA's fixed
-# buffers leave no plan without conds below 0.91 of it on JAX 0.10, so it is
+# buffers leave no plan without conds below 0.85 of it on JAX 0.10 (0.91
+# before the gate "inputs" tied its pullbacks' constants), so it is
 # checked at 0.95 (or at the budget the planner verified, where that fits
 # no plan on another JAX).
 @pytest.mark.parametrize("name,ratio", [("resnet", 0.95), ("rnn", 0.5), ("transformer", 0.5)])
@@ -949,9 +950,9 @@ def test_the_cond_gated_fallback_is_compiled_only_where_nothing_without_conds_fi
         return results
 
     monkeypatch.setattr(Planning, "compile", recording)
-    m = model("resnet")  # tiny: XLA's fixed buffers leave no plan without conds at 0.8, one at 0.95
+    m = model("resnet")  # tiny: XLA's fixed buffers leave no plan without conds at 0.8; at 0.9 the first is over
     loss = lambda p, x: m.loss(p, x)  # noqa: E731 - planned afresh, whatever other tests planned for m.loss
-    plan = jdtr.plan(loss, m.params, m.batch, budget=0.95, autotune=False)
+    plan = jdtr.plan(loss, m.params, m.batch, budget=0.9, autotune=False)
     assert plan.gate != "cond" and plan.compiled_bytes <= plan.budget_bytes
     over = [gate for gate, nbytes in compiled if nbytes > plan.budget_bytes]
     assert {"auto", "inputs"} <= set(over)  # a first plan over the budget: a fallback was at hand
@@ -1058,3 +1059,36 @@ def test_plans_and_chunks_are_the_same_with_jaxs_persistent_compilation_cache_wa
     assert len(entries) > 10 and set(os.listdir(tmp_path)) == entries  # every program read back, none compiled anew
     assert warm == cold and cold[3] == "chunks", (cold, warm)
     assert int(cold[1]) <= 0.5 * int(cold[0]) and int(cold[5]) <= int(cold[6])
+
+
+def test_a_left_nesting_is_the_least_recompute_of_every_source_that_fits(monkeypatch):
+    """Where no plan fits flat, the leaves of each source (the smallest
+    tainted plans', then uniform ones) are nested to the left, and of the
+    nestings that fit the one that recomputes least is kept, not the first
+    source's: on this CNN at 0.5 DTR's leaves fit in groups of five (1.6x
+    `jax.jit(jax.grad)`'s step), uniform ones in groups of four (1.2x)."""
+    from jdtr.transform.plan_search import PlanSearch
+    from jdtr.transform.segments import LEFT_NESTED_MAX, recompute_cost, uniform_leaves
+
+    if jax.default_backend() != "cpu":
+        pytest.skip("segments are gated only on the CPU")
+    searches = []
+    real = PlanSearch.run
+
+    def recording(self, max_attempts):
+        searches.append(self)
+        return real(self, max_attempts)
+
+    monkeypatch.setattr(PlanSearch, "run", recording)
+    m = jdtr.models.plain_cnn(layers=6, channels=32, image=32, batch=16)
+    plan = jdtr.plan(m.loss, m.params, m.batch, budget=0.5, autotune=False)
+    assert plan.compiled_bytes <= plan.budget_bytes and plan.gate != "cond", plan.report()
+    assert any(seg.children for seg in plan.segments), plan.report()  # a left nesting (no flat plan fits)
+    [search] = searches
+    forward, residuals = search.planning.forward, search.planning.residuals
+    uniform = dataclasses.replace(
+        plan, segments=uniform_leaves(forward, residuals, LEFT_NESTED_MAX), saved=frozenset(), origin="uniform"
+    )
+    # No nesting of uniform leaves that recomputes less than the plan fits.
+    assert search._bisect_groups(uniform, below=recompute_cost(forward, plan.segments)) is None, plan.report()
+    assert_trees_close(jax.jit(plan.grad)(m.params, m.batch), jax.grad(m.loss)(m.params, m.batch), rtol=1e-4, atol=1e-6)

@@ -10,7 +10,7 @@ import contextlib
 import dataclasses
 import math
 import weakref
-from typing import Any, Iterable, Optional
+from typing import Any, Iterable, Optional, Sequence
 
 import jax
 import numpy as np
@@ -283,6 +283,33 @@ def bind_params(eqn: JaxprEqn) -> tuple[tuple[Any, ...], dict[str, Any]]:
         subfuns, params = got
         return tuple(subfuns), params
     return (), got
+
+
+def has_jaxpr_params(eqn: JaxprEqn) -> bool:
+    """Whether an equation's parameters hold a jaxpr (a scan's body, a
+    `cond`'s branches, a call's body): its operands are that jaxpr's inputs."""
+    jaxprs = (Jaxpr, ClosedJaxpr)
+    return any(
+        isinstance(v, jaxprs) or (type(v) is tuple and any(isinstance(x, jaxprs) for x in v)) for v in eqn.params.values()
+    )
+
+
+def bind_with_body(eqn: JaxprEqn, body: ClosedJaxpr, operands: Sequence[Any]) -> list[Any]:
+    """Binds `eqn`'s call primitive (one of `CALL_PRIMITIVES`, its other
+    parameters kept: a `checkpoint`'s policy and barrier) with `body` in
+    place of its jaxpr, on `operands` (`body`'s inputs); its constants
+    become leading inputs, as a call's jaxpr takes none of its own. Raises
+    (TypeError, ValueError, KeyError) where this JAX spells the call another
+    way (JAX 0.11, whose call bodies are closed jaxprs: not yet tested there)."""
+    key = CALL_PRIMITIVES[eqn.primitive.name]
+    if not isinstance(eqn.params[key], Jaxpr) or isinstance(eqn.params[key], ClosedJaxpr):
+        raise TypeError("a call whose body is not an open jaxpr")  # (JAX 0.11: one class; closed calls)
+    open_body = body.jaxpr.replace(constvars=[], invars=[*body.jaxpr.constvars, *body.jaxpr.invars])
+    subfuns, params = bind_params(eqn)
+    params = {**params, key: open_body}
+    with eqn.ctx.manager:
+        outs = eqn.primitive.bind(*subfuns, *body.consts, *operands, **params)
+    return list(outs) if eqn.primitive.multiple_results else [outs]
 
 
 def is_literal(atom: Any) -> bool:

@@ -31,8 +31,11 @@ forward convolution and held until the backward pass, a second copy of each
 saved activation (a 6-layer CNN: 20.7 MiB where the cond-gated step took
 12.6). The gate "inputs" selects every float residual by the predicate too,
 so nothing that reads one can run before the backward pass reaches the
-segment (14.6 MiB there); which of the two XLA compiles smaller varies with
-the model, so the planner measures both (`plan_search.PlanSearch`).
+segment (14.6 MiB there); nor can the constants its pullback makes, tied to
+the predicate too (`anchoring.py`: the zeros a gather's pullback scatters
+into, made at the start of the step and held through it otherwise). Which
+of the two gates XLA compiles smaller varies with the model, so the planner
+measures both (`plan_search.PlanSearch`).
 
 Nested segments gated by conds nest conds, and XLA assigns a conditional's
 temporaries apart from its caller's, so a nest n deep can hold n levels of
@@ -56,6 +59,7 @@ from jax import lax
 from jax.ad_checkpoint import checkpoint_name
 
 from . import _jax_core
+from .anchoring import anchored
 from .program import Equation, Program, Value
 from .segments import NAME_PREFIX, SavePolicy, Segment, is_float
 
@@ -217,7 +221,8 @@ def _protected_checkpoint(
     time (the bits of a cotangent element, or-ed with 1, are never zero),
     by `gate` (the module's docstring): "cond" runs the recomputation in a
     `lax.cond` on it; "select" replaces the taint, `fn`'s first input, by a
-    select on it; "select_all" every float residual too. `differentiable`
+    select on it; "select_all" every float residual too, and the constants
+    of the pullback (`anchoring.anchored`). `differentiable`
     marks the float inputs; the others (integers, keys) are carried as
     residuals and get no cotangent.
     """
@@ -263,7 +268,10 @@ def _protected_checkpoint(
                 for i, r in enumerate(residuals):
                     if i == at or (everything and jnp.issubdtype(r.dtype, jnp.inexact)):
                         residuals[i] = jnp.where(undecided, r, jnp.ones_like(r) if i == at else jnp.zeros_like(r))
-                grads = jax.tree_util.tree_unflatten(tree, residuals)(cotangents)
+                pullback = lambda res, cts: jax.tree_util.tree_unflatten(tree, res)(cts)  # noqa: E731
+                if gate == "select_all":
+                    pullback = anchored(pullback, undecided)
+                grads = pullback(residuals, cotangents)
             else:
                 run = lambda f, g: f(g)  # noqa: E731
                 grads = lax.cond(undecided, run, zeros, vjp_fn, cotangents)

@@ -281,6 +281,11 @@ def _recompute_cost(program: Program, seg: Segment) -> float:
     return again + sum(_recompute_cost(program, c) for c in seg.children)
 
 
+def recompute_cost(program: Program, segments: Sequence[Segment]) -> float:
+    """What the backward pass spends re-running `segments` (cost-model units)."""
+    return sum(_recompute_cost(program, seg) for seg in segments)
+
+
 def _item_cost(item) -> float:
     if isinstance(item, Equation):
         return item.cost if item.cost is not None else 1.0
@@ -333,7 +338,7 @@ def nested_left(program: Program, segments: Sequence[Segment], residuals: set[Va
     found = []
     for size in range(2, min(LEFT_NESTED_MAX, len(leaves)) + 1):
         nested = _nest_left(program, crossings, set(), residuals, leaves, size, memo)
-        found.append((sum(_recompute_cost(program, seg) for seg in nested), nested))
+        found.append((recompute_cost(program, nested), nested))
     return [nested for _, nested in sorted(found, key=lambda c: c[0])]
 
 
@@ -405,7 +410,7 @@ def segments(
                 if smallest is None or predicted < smallest[0]:
                     smallest = (predicted, segments)
                 if predicted <= target_bytes:
-                    cost = sum(_recompute_cost(program, seg) for seg in segments)
+                    cost = recompute_cost(program, segments)
                     if fitting is None or cost < fitting[0]:
                         fitting = (cost, segments)
     flat = min(((predicted_bytes(program, c, gradient_bytes, scans), c) for c in candidates), key=lambda c: c[0])
