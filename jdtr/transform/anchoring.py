@@ -12,20 +12,22 @@ held from one to the other. On a small U-Net (`models.flax_unet`:
 `jax.image.resize` up, a gather; GELUs) that was 7 MiB of a 21 MiB step.
 
 `anchored(fn, anchor)` evaluates `fn` (the pullback of a segment under the
-gate "inputs", `checkpoint.py`, which keeps everything of a segment's
-backward pass from running before its predicate) with those constants tied
-to `anchor`, the predicate: always true, but XLA cannot decide it (it reads
-a cotangent's bits). An array made of constants alone has its operands, or
+gate "anchored", `checkpoint.py`: "inputs", which keeps the saved inputs'
+uses from running before the segment's predicate, and these constants too)
+with those constants tied to `anchor`, the predicate: always true, but XLA
+cannot decide it (it reads a cotangent's bits). An array made of constants alone has its operands, or
 where it has none (an `iota`) its value, pass through a select on it, and
 so does each literal operand of an array operation. Where each operation
 runs as it is the values are the same bit for bit; under `jax.jit` they are
 the same numbers (XLA folds `x + 0` to `x` for a constant zero, which
 differs from IEEE's sum in the sign of a zero, and not for a tied one).
 
-Measured (docs/benchmarks.md): the U-Net's smallest plan out of conds
-compiles to 0.69 of `jax.grad`'s bytes, not 0.87 (in conds, ~20x slower:
-0.60); a segment whose pullback scatters into zeros, first in its step, to
-what it takes gated by a cond.
+Measured (docs/benchmarks.md): the U-Net's segments of DTR's plan compile
+to 0.69 of `jax.grad`'s bytes, not 0.87 (in conds, ~20x slower: 0.60); a
+segment whose pullback scatters into zeros, first in its step, to what it
+takes gated by a cond. Elsewhere the tie made steps larger or slower (a
+plain CNN's flat plans: an activation more, or 7% slower), so it is a gate
+of its own, which the planner measures only where "inputs" is over.
 """
 
 from __future__ import annotations

@@ -31,11 +31,11 @@ forward convolution and held until the backward pass, a second copy of each
 saved activation (a 6-layer CNN: 20.7 MiB where the cond-gated step took
 12.6). The gate "inputs" selects every float residual by the predicate too,
 so nothing that reads one can run before the backward pass reaches the
-segment (14.6 MiB there); nor can the constants its pullback makes, tied to
-the predicate too (`anchoring.py`: the zeros a gather's pullback scatters
-into, made at the start of the step and held through it otherwise). Which
-of the two gates XLA compiles smaller varies with the model, so the planner
-measures both (`plan_search.PlanSearch`).
+segment (14.6 MiB there). The gate "anchored" also ties the constants its
+pullback makes to the predicate (`anchoring.py`: the zeros a gather's
+pullback scatters into, which XLA otherwise made at the start of the step
+and held through it). Which gate XLA compiles smaller varies with the
+model, so the planner measures them in turn (`plan_search.PlanSearch`).
 
 Nested segments gated by conds nest conds, and XLA assigns a conditional's
 temporaries apart from its caller's, so a nest n deep can hold n levels of
@@ -125,8 +125,11 @@ def named_forward(program: Program):
 
 # "auto": the taint ("select") for segments that recompute a convolution,
 # else "cond"; "inputs": as "auto", every residual selected too ("select_all");
-# "cond": conds for every segment; "taint": the taint for every segment.
-GATES = ("auto", "inputs", "cond", "taint")
+# "anchored": as "inputs", the pullback's constants tied to the predicate too
+# ("select_anchored", `anchoring.py`); "cond": conds for every segment;
+# "taint": the taint for every segment.
+GATES = ("auto", "inputs", "anchored", "cond", "taint")
+_SELECTS = {"inputs": "select_all", "anchored": "select_anchored"}
 
 
 def protects(implementation: str) -> bool:
@@ -170,9 +173,9 @@ def _run_segment(
     selected = implementation == "protected" and (
         taint is not None
         or gate == "taint"
-        or (gate in ("auto", "inputs") and _recomputes_a_convolution(program, seg))
+        or (gate in ("auto", "inputs", "anchored") and _recomputes_a_convolution(program, seg))
     )
-    select = "select_all" if gate == "inputs" else "select"
+    select = _SELECTS.get(gate, "select")
 
     def body(*xs):
         own, xs = (xs[0], xs[1:]) if selected else (None, xs)
@@ -221,8 +224,8 @@ def _protected_checkpoint(
     time (the bits of a cotangent element, or-ed with 1, are never zero),
     by `gate` (the module's docstring): "cond" runs the recomputation in a
     `lax.cond` on it; "select" replaces the taint, `fn`'s first input, by a
-    select on it; "select_all" every float residual too, and the constants
-    of the pullback (`anchoring.anchored`). `differentiable`
+    select on it; "select_all" every float residual too; "select_anchored"
+    also the constants of the pullback (`anchoring.anchored`). `differentiable`
     marks the float inputs; the others (integers, keys) are carried as
     residuals and get no cotangent.
     """
@@ -242,7 +245,7 @@ def _protected_checkpoint(
         floats = [x for x, d in zip(xs, differentiable) if d]
         others = [x for x, d in zip(xs, differentiable) if not d]
         out, vjp_fn = jax.vjp(lambda *f: checkpointed(*merge(f, others)), *floats)
-        if gate in ("select", "select_all"):  # the taint is the first input
+        if gate != "cond":  # the taint is the first input
             found = [i for i, r in enumerate(jax.tree_util.tree_leaves(vjp_fn)) if r is xs[0]]
             taint_at[0] = found[0] if len(found) == 1 else None
         return out, (vjp_fn, others)
@@ -258,18 +261,18 @@ def _protected_checkpoint(
             leaf = _an_element(leaves)
             bits = lax.bitcast_convert_type(leaf.astype(jnp.float32), jnp.int32)
             undecided = (bits | 1) != 0  # always true; XLA cannot tell
-            if gate in ("select", "select_all"):
+            if gate != "cond":
                 # `vjp_fn` is a pytree whose leaves are the residuals: the
                 # taint among them becomes a zero XLA cannot see. (Were it not
                 # found, every float residual is selected: copies, but safe.)
                 residuals, tree = jax.tree_util.tree_flatten(vjp_fn)
                 at = taint_at[0]
-                everything = gate == "select_all" or at is None
+                everything = gate != "select" or at is None
                 for i, r in enumerate(residuals):
                     if i == at or (everything and jnp.issubdtype(r.dtype, jnp.inexact)):
                         residuals[i] = jnp.where(undecided, r, jnp.ones_like(r) if i == at else jnp.zeros_like(r))
                 pullback = lambda res, cts: jax.tree_util.tree_unflatten(tree, res)(cts)  # noqa: E731
-                if gate == "select_all":
+                if gate == "select_anchored":
                     pullback = anchored(pullback, undecided)
                 grads = pullback(residuals, cotangents)
             else:

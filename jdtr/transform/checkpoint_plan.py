@@ -86,7 +86,9 @@ class Plan:
         recomputation of a segment holding a convolution by a taint and any
         other by a `lax.cond`; "inputs" as "auto", with the segment's saved
         inputs selected by the predicate too (so XLA cannot move their
-        backward uses into the forward pass); "cond" gates every one by a
+        backward uses into the forward pass); "anchored" as "inputs", with
+        the constants the pullback makes tied to the predicate too
+        (`anchoring.py`); "cond" gates every one by a
         `lax.cond` (the planner's fallback where no tainted plan fits: a
         convolution's gradient runs ~20x slower in it on the CPU); "taint"
         gates every one by the taint (segments nested to the left where no

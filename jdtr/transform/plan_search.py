@@ -212,6 +212,13 @@ class PlanSearch:
                 inputs = self.measure(dataclasses.replace(plan, gate="inputs", compiled_bytes=None))
                 if inputs.compiled_bytes <= target:
                     return self._closer(inputs)
+                # Nor the constants its pullback makes ("anchored"): smaller
+                # where XLA made them at the start of the step, else larger
+                # or slower, so measured only where "inputs" is over, and the
+                # search's path goes on by the other two.
+                anchored = self.measure(dataclasses.replace(plan, gate="anchored", compiled_bytes=None))
+                if anchored.compiled_bytes <= target:
+                    return self._closer(anchored)
                 plan = min(plan, inputs, key=lambda p: p.compiled_bytes)
                 if fallback is None:
                     fallback = dataclasses.replace(plan, gate="cond", compiled_bytes=None)
