@@ -15,9 +15,10 @@ held from one to the other. On a small U-Net (`models.flax_unet`:
 gate "anchored", `checkpoint.py`: "inputs", which keeps the saved inputs'
 uses from running before the segment's predicate, and these constants too)
 with those constants tied to `anchor`, the predicate: always true, but XLA
-cannot decide it (it reads a cotangent's bits). An array made of constants alone has its operands, or
-where it has none (an `iota`) its value, pass through a select on it, and
-so does each literal operand of an array operation. Where each operation
+cannot decide it (it reads a cotangent's bits). An array made of constants
+alone has its operands, or where it has none (an `iota`) its value, pass
+through a select on it, and so does each literal operand of an array
+operation. Where each operation
 runs as it is the values are the same bit for bit; under `jax.jit` they are
 the same numbers (XLA folds `x + 0` to `x` for a constant zero, which
 differs from IEEE's sum in the sign of a zero, and not for a tied one).
@@ -86,11 +87,11 @@ def _evaluate(jaxpr: Any, consts: Sequence[Any], args: Sequence[Any], varying: S
             call = None
         if call is not None and name in _INLINED:
             outs, out_flags = _evaluate(*call, operands, flags, anchor)
-        elif call is not None and (tied := _tied_remat(eqn, call, operands, flags, anchor)) is not None:
-            outs, out_flags = tied
+        elif call is not None and (rebound := _tied_remat(eqn, call, operands, flags, anchor)) is not None:
+            outs, out_flags = rebound
         else:
-            outs, tied = _bind(eqn, operands, flags, anchor)
-            out_flags = [any(flags) or tied] * len(outs)
+            outs, made = _bind(eqn, operands, flags, anchor)
+            out_flags = [any(flags) or made] * len(outs)
         env.update((v, (out, d)) for v, out, d in zip(eqn.outvars, outs, out_flags))
     results = [read(a) for a in jaxpr.outvars]
     return [r for r, _ in results], [d for _, d in results]
