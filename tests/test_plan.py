@@ -91,8 +91,8 @@ def plan_of(name, ratio, implementation="auto", autotune=False):
 
 # The test ResNet is tiny (42 KiB compiled): arguments and XLA's fixed
 # buffers leave no plan without conds below 0.85 of it on JAX 0.10 (0.91
-# before the gate "anchored"), so it is checked at 0.95 (or at the budget the planner verified, where that fits
-# no plan on another JAX).
+# before the gate "anchored"), so it is checked at 0.95 (or at the budget
+# the planner verified, where that fits no plan on another JAX).
 @pytest.mark.parametrize("name,ratio", [("resnet", 0.95), ("rnn", 0.5), ("transformer", 0.5)])
 def test_remat_grad_matches_jax_grad_under_jit(name, ratio):
     m = model(name)
