@@ -328,7 +328,7 @@ class PlanSearch:
         convolutions every group is tainted: gated by conds, a group n
         leaves deep would nest n conds."""
         forward, planning = self.planning.forward, self.planning
-        options = [o for o in nested_left(forward, plan.segments, planning.residuals) if recompute_cost(forward, o) < below]
+        options = nested_left(forward, plan.segments, planning.residuals, below)
         convolutions = gates_differ(forward, plan.segments, self.implementation)
         gate = "taint" if protects(self.implementation) and not convolutions else "auto"
         measured: dict[int, Plan] = {}

@@ -327,19 +327,21 @@ def _adjacent_runs(leaves: Sequence[Segment]) -> list[list[Segment]]:
     return runs
 
 
-def nested_left(program: Program, segments: Sequence[Segment], residuals: set[Value]) -> list[tuple[Segment, ...]]:
+def nested_left(
+    program: Program, segments: Sequence[Segment], residuals: set[Value], below: float = float("inf")
+) -> list[tuple[Segment, ...]]:
     """The leaves of `segments` regrouped to the left (`_nest_left`), one
-    plan per group size, least recompute first (larger groups keep less and
-    recompute more). XLA's bytes for them are not what `predicted_bytes`
-    says on convolutions on the CPU, so the planner measures them
-    (`plan_search.PlanSearch`)."""
+    plan per group size that recomputes less than `below`, least recompute
+    first (larger groups keep less and recompute more). XLA's bytes for
+    them are not what `predicted_bytes` says on convolutions on the CPU, so
+    the planner measures them (`plan_search.PlanSearch`)."""
     leaves = [leaf for seg in segments for leaf in seg.leaves()]
     crossings, memo = _crossings(program), {}
     found = []
     for size in range(2, min(LEFT_NESTED_MAX, len(leaves)) + 1):
         nested = _nest_left(program, crossings, set(), residuals, leaves, size, memo)
         found.append((recompute_cost(program, nested), nested))
-    return [nested for _, nested in sorted(found, key=lambda c: c[0])]
+    return [nested for cost, nested in sorted(found, key=lambda c: c[0]) if cost < below]
 
 
 def _branchings(count: int, depth: int) -> list[int]:
