@@ -57,33 +57,27 @@ def test_anchored_gives_the_same_values():
 
 
 def test_anchored_ties_every_constant_it_makes_to_the_anchor():
-    """In the jaxpr of an anchored function, no array is made of constants
-    alone, and no array operation reads a literal: each reads the anchor."""
+    """In the jaxpr of an anchored function, no operation writes into an
+    array made of constants alone (a scatter's zeros, an `iota`), and no
+    array operation reads a literal: each reads the anchor."""
 
     def pullback(g):
         scattered = jax.checkpoint(lambda g: jnp.zeros((64, 64)).at[:, 3].add(g) * 0.5)(g)
-        return scattered, jnp.zeros((8, 64)).at[2].set(g), lax.iota(jnp.float32, 64) + g
+        return scattered, jnp.zeros((8, 64)).at[2].set(g), lax.iota(jnp.float32, 64).at[5].add(g[0])
 
     def untied(jaxpr):
-        """An array made of constants alone and read by an operation on the
-        arguments other than a select on the anchor (an `iota`'s value is
-        tied after it is made: XLA fuses the two), if any."""
+        """A scatter into an array made of constants alone, if any."""
         literal = jax.extend.core.Literal
-        reached, made = set(jaxpr.invars), {}
+        reached, made = set(jaxpr.invars), set()
         for eqn in jaxpr.eqns:
             reads = [a for a in eqn.invars if not isinstance(a, literal)]
+            if eqn.primitive.name.startswith("scatter") and reads and reads[0] in made:
+                return eqn
             if any(a in reached for a in reads):
                 reached.update(eqn.outvars)
-            elif any(v.aval.shape for v in eqn.outvars):
-                made.update((v, eqn) for v in eqn.outvars)
-        for eqn in jaxpr.eqns:
-            tie = eqn.primitive.name == "select_n" and eqn.invars[0] in reached
-            if tie or not any(v in reached for v in eqn.outvars):
-                continue  # (the tie, or the constants' own arithmetic before it, such as its complement)
-            for a in eqn.invars:
-                if not isinstance(a, literal) and a in made:
-                    return made[a]
-        return next((made[a] for a in jaxpr.outvars if a in made), None)
+            else:
+                made.update(eqn.outvars)
+        return None
 
     anchor_and_g = lambda p, g: anchored(pullback, p)(g)  # noqa: E731
     jaxpr = jax.make_jaxpr(anchor_and_g)(True, jnp.ones(64)).jaxpr
