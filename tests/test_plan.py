@@ -1014,15 +1014,21 @@ def test_no_plan_fits_suggests_the_smallest_plan_measured_for_the_step():
     m = jdtr.models.plain_cnn(layers=4, channels=8, image=16, batch=4, pools=(1,))
     loss = lambda p, b: m.loss(p, b)  # noqa: E731 - its own planning
     suggested = []
-    for fraction in (0.5, 0.7):
+    # (Both below this net's smallest plan: 0.41 of its step, with max
+    # pooling's pullback computed from slices; 0.73 with XLA's
+    # select-and-scatter, where these fractions were 0.5 and 0.7.)
+    for fraction in (0.25, 0.35):
         try:
             jdtr.plan(loss, m.params, m.batch, budget=fraction, autotune=False)
         except jdtr.OutOfBudgetError as err:
             assert err.suggested_budget_bytes is not None
             suggested.append(err.suggested_budget_bytes)
-    assert len(suggested) == 2, suggested  # both below this net's smallest plan (0.73 of its step)
+    assert len(suggested) == 2, suggested
     assert suggested[1] <= suggested[0], suggested
-    assert jdtr.plan(loss, m.params, m.batch, budget=suggested[-1], autotune=False).compiled_bytes <= suggested[-1]
+    with warnings.catch_warnings():  # (the smallest plan recomputes in conds: slow, and said so)
+        warnings.simplefilter("ignore", jdtr.SlowPlanWarning)
+        plan = jdtr.plan(loss, m.params, m.batch, budget=suggested[-1], autotune=False)
+    assert plan.compiled_bytes <= suggested[-1]
 
 
 WARM_CACHE = textwrap.dedent(

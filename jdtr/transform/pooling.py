@@ -1,0 +1,159 @@
+"""Max pooling's pullback without XLA's select-and-scatter, on the CPU.
+
+JAX differentiates `reduce_window_max` (and `_min`: `nnx.max_pool`,
+`lax.reduce_window` with `lax.max`) through `select_and_scatter_add`. XLA
+on the CPU expands that into a variadic reduce-window carrying one int32
+index array per dimension, the size of the pool's input, and a scatter:
+for a 2x2 pool of a (16, 32, 32, 32) float32 input, 11.8 MB of temporaries
+(5.6 times the input) and 8.9 ms, against none beyond the output and
+0.28 ms for what is here (docs/benchmarks.md). On a VGG-like CNN that
+expansion alone was more than half of the step's memory any plan could
+reach.
+
+What is here computes the same function from strided slices: each window
+offset `k` of the pool sees one slice of the (padded) input of the output's
+shape, and a sequential pass over the offsets, in the window's row-major
+order, keeps which one each output selects, with the same rule as XLA's
+select-and-scatter on the CPU (an element replaces the one selected unless
+`select(selected, element)`; padding holds -inf for a max pool and may be
+selected, its cotangent dropped). The cotangent then
+goes to the selected offset of each window: a sum of the slices' transposes
+(pads), which XLA fuses into one loop over the input.
+
+Where windows do not overlap, each input element takes at most one
+contribution, and the result is the same bit for bit (NaNs, ties and
+infinities included; tests/test_pooling.py). Where they overlap (a 3x3
+pool with stride 2), contributions to one element are summed in another
+order than the scatter's, which may differ in the last bit.
+
+Used in place of the primitives themselves (`executable.binder`), where the
+backend is the CPU, on what both compiled paths run:
+- `reduce_window_max`/`_min` of a traced forward program binds `pooled`, a
+  `custom_jvp` whose tangent is linear in the input's (so JAX's transpose of
+  it is the sum of pads); `jax.grad` of `jdtr.remat_grad`'s plans, and
+  forward-mode on top, go through it;
+- `select_and_scatter_add` of a traced value-and-grad program (`jdtr.grad`'s)
+  binds `scatter_selected`, that transpose.
+Not on a GPU, where XLA runs select-and-scatter as a kernel of its own
+(not measured there).
+"""
+
+from __future__ import annotations
+
+import functools
+import itertools
+from typing import Any, Callable, Optional
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+
+# Offsets are unrolled, one slice each: a larger window (a global pool over
+# a whole image) is left to XLA.
+MAX_WINDOW = 64
+
+_SELECT = {"reduce_window_max": "ge", "reduce_window_min": "le"}
+_ORDER = {"ge": lax.ge, "le": lax.le}
+
+
+@functools.lru_cache(maxsize=None)
+def _enabled() -> bool:
+    return jax.default_backend() == "cpu"
+
+
+def substitute(primitive: Any, params: dict, dtype: Any) -> Optional[Callable[..., Any]]:
+    """The function to bind in place of `primitive` with `params` on an
+    operand of `dtype`, or None: `pooled` for a max or min pool,
+    `scatter_selected` for the pullback JAX makes of one, where the backend
+    is the CPU, the operand floating and the window small and undilated."""
+    name = primitive.name
+    if not _enabled() or not jnp.issubdtype(dtype, jnp.inexact):
+        return None
+    if name in _SELECT:
+        if any(d != 1 for d in (*params["base_dilation"], *params["window_dilation"])):
+            return None
+        select = _SELECT[name]
+    elif name == "select_and_scatter_add":
+        select = getattr(params["select_prim"], "name", None)
+        if select not in _ORDER:
+            return None
+    else:
+        return None
+    window, strides = tuple(params["window_dimensions"]), tuple(params["window_strides"])
+    padding = tuple(tuple(p) for p in params["padding"])
+    if int(np.prod(window)) > MAX_WINDOW:
+        return None
+    if name == "select_and_scatter_add":
+        return lambda source, operand: scatter_selected(source, operand, select, window, strides, padding)
+    return pooled(primitive, select, window, strides, padding)
+
+
+def _windows(x: Any, fill: Any, window, strides, padding) -> list[Any]:
+    """The slice of `x` (padded with `fill`) each window offset sees, in the
+    window's row-major order: the offset's element of every window."""
+    padded = lax.pad(x, jnp.asarray(fill, x.dtype), [(lo, hi, 0) for lo, hi in padding])
+    out = [(d + lo + hi - w) // s + 1 for d, (lo, hi), w, s in zip(x.shape, padding, window, strides)]
+    slices = []
+    for k in itertools.product(*(range(w) for w in window)):
+        limit = [k_i + (o - 1) * s + 1 for k_i, o, s in zip(k, out, strides)]
+        slices.append(lax.slice(padded, k, limit, strides))
+    return slices
+
+
+def selected(operand: Any, select: str, window, strides, padding) -> Any:
+    """For each output of the pool, the window offset (row-major) of the
+    element select-and-scatter selects. Padding holds the order's far end
+    (-inf for "ge") and may be selected, as XLA's select-and-scatter on the
+    CPU does (a window of padding and -inf alone keeps the padding, and its
+    cotangent is dropped)."""
+    order = _ORDER[select]
+    fill = -jnp.inf if select == "ge" else jnp.inf
+    values = _windows(operand, fill, window, strides, padding)
+    best, index = values[0], jnp.zeros(values[0].shape, jnp.int32)
+    for k in range(1, len(values)):
+        replace = ~order(best, values[k])
+        best = jnp.where(replace, values[k], best)
+        index = jnp.where(replace, k, index)
+    return index
+
+
+def gather_selected(tangent: Any, index: Any, window, strides, padding) -> Any:
+    """The tangent at each window's selected element: linear in `tangent`."""
+    out = jnp.zeros(index.shape, tangent.dtype)
+    for k, piece in enumerate(_windows(tangent, 0, window, strides, padding)):
+        out = jnp.where(index == k, piece, out)
+    return out
+
+
+def scatter_selected(source: Any, operand: Any, select: str, window, strides, padding) -> Any:
+    """`select_and_scatter_add(source, operand)` with its parameters: each
+    output's cotangent added at its window's selected element."""
+    index = selected(lax.stop_gradient(operand), select, window, strides, padding)
+    gather = functools.partial(gather_selected, index=index, window=window, strides=strides, padding=padding)
+    (cotangent,) = jax.linear_transpose(gather, jax.ShapeDtypeStruct(operand.shape, operand.dtype))(source)
+    return cotangent
+
+
+@functools.lru_cache(maxsize=None)
+def pooled(reduce: Any, select: str, window, strides, padding) -> Callable[[Any], Any]:
+    """The pool (`reduce`: `reduce_window_max` for "ge", `_min` for "le")
+    with its tangent taken at each window's selected element, whose
+    transpose is `scatter_selected`'s sum of pads rather than a
+    select-and-scatter."""
+    params = dict(
+        window_dimensions=window, window_strides=strides, padding=padding,
+        base_dilation=(1,) * len(window), window_dilation=(1,) * len(window),
+    )
+
+    @jax.custom_jvp
+    def pool(x):
+        return reduce.bind(x, **params)
+
+    @pool.defjvp
+    def pool_jvp(primals, tangents):
+        (x,), (t,) = primals, tangents
+        index = selected(x, select, window, strides, padding)
+        return pool(x), gather_selected(t, index, window, strides, padding)
+
+    return pool
