@@ -26,6 +26,7 @@ import datetime
 import statistics
 import sys
 import time
+
 import jax
 
 import jdtr
