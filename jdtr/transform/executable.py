@@ -27,7 +27,7 @@ from typing import Any, Callable, Hashable, Optional, Sequence
 import jax
 import numpy as np
 
-from . import _jax_core, pooling
+from . import _jax_core, pooling, repeats
 from .program import Const, Cond, Equation, Program
 from .xla_options import compiler_options
 
@@ -149,15 +149,20 @@ def binder(eqn: "_jax_core.JaxprEqn", inputs: Sequence[Any]) -> Callable[[Sequen
     is_const = tuple(isinstance(a, Const) for a in inputs)
     ctx = eqn.ctx
     multiple = primitive.multiple_results
-    # A pool's pullback that XLA on the CPU expands expensively: the same
-    # function, computed another way (`pooling.py`).
-    pool = pooling.substitute(primitive, params, eqn.invars[-1].aval.dtype) if eqn.invars else None
+    # Pullbacks that XLA expands expensively (a pool's select-and-scatter on
+    # the CPU, a nearest resize's scatter-add): the same function, computed
+    # another way (`pooling.py`, `repeats.py`).
+    rewritten = None
+    if eqn.invars:
+        rewritten = pooling.substitute(primitive, params, eqn.invars[-1].aval.dtype) or repeats.substitute(
+            primitive, params, [tuple(v.aval.shape) for v in eqn.invars], slots
+        )
 
     def bind(args: Sequence[Any]) -> Any:
         it = iter(args)
         full = [slot if const else next(it) for slot, const in zip(slots, is_const)]
         with ctx.manager:
-            out = pool(*full) if pool is not None else primitive.bind(*subfuns, *full, **params)
+            out = rewritten(*full) if rewritten is not None else primitive.bind(*subfuns, *full, **params)
         return list(out) if multiple else out
 
     return bind

@@ -30,7 +30,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from . import _jax_core, manual
+from . import _jax_core, manual, repeats
 from .costs import MEASURED, XLA, CostModel, RooflineCostModel, count, nanoseconds, xla_count
 from .devices import device_bytes, spread
 from .executable import Executable, analysis, executable, placed_executable, primitive_executable
@@ -38,6 +38,11 @@ from .program import Atom, Cond, Const, Equation, Item, Program, Value, liveness
 
 # Scans longer than this many unrolled equations run as one operator.
 MAX_UNROLLED_EQUATIONS = 200_000
+# The value of an equation made of constants alone is computed while
+# normalising where an equation's rewrite needs it (`repeats.py`: a nearest
+# resize's indices, made from an `iota`) and its outputs are at most this
+# many bytes.
+CONSTANT_BYTES = 64 * 1024
 # With `keep_scans`, a scan of fewer iterations is still unrolled: DTR decides
 # per iteration, and the program stays small.
 MIN_KEPT_LENGTH = 4
@@ -80,6 +85,10 @@ class _Normalizer:
         self.consts: dict[int, tuple[Value, Any]] = {}
         self.names: dict[str, Any] = {}
         self.unrolled = 0
+        # For `constant_of`: the equation that made each value, the arrays of
+        # the jaxpr's constants, and the values computed so far.
+        self.made_by: dict[Value, Equation] = {}
+        self.known: dict[Value, Any] = {}
 
     # ------------------------------------------------------------- values
 
@@ -102,6 +111,7 @@ class _Normalizer:
             sharding = spread(getattr(array, "sharding", None)) if self.sharded else None
             found = (self.new_value(aval, sharding), array)
             self.consts[id(array)] = found
+            self.known[found[0]] = array
         return found[0]
 
     # ------------------------------------------------------------- equations
@@ -143,6 +153,8 @@ class _Normalizer:
             cost = self.cost(exe, name, params or {}, args, outputs)
         equation = Equation(name, tuple(inputs), outputs, exe.fn, cost, effects, source, exe.trace, exe, scan=scan)
         body.append(equation)
+        if not effects and scan is None:
+            self.made_by.update((v, equation) for v in outputs)
         return list(outputs)
 
     def place(self, exe: Executable, args: Sequence[Value], n: int) -> Executable:
@@ -280,7 +292,7 @@ class _Normalizer:
             outs = [self.lazy(env, eqn.invars[0])]
             self.names[eqn.params["name"]] = outs[0]
         else:
-            inputs = [self.read(body, env, a) for a in eqn.invars]
+            inputs = self.with_constant_operand(eqn, [self.read(body, env, a) for a in eqn.invars])
             exe = primitive_executable(eqn, inputs)
             outs = self.emit(
                 body,
@@ -294,6 +306,47 @@ class _Normalizer:
             )
         for var, out in zip(eqn.outvars, outs):
             env[var] = out
+
+    def with_constant_operand(self, eqn: Any, inputs: list[Atom]) -> list[Atom]:
+        """`inputs`, with the operand a rewrite of `eqn` needs as a constant
+        (`repeats.CONSTANT_OPERAND`) made one, where it is made of constants
+        alone and the rewrite takes it: the equations that computed it are
+        then dead, and go."""
+        k = repeats.CONSTANT_OPERAND.get(eqn.primitive.name)
+        if k is None or k >= len(inputs) or not isinstance(inputs[k], Value):
+            return inputs
+        value = self.constant_of(inputs[k])
+        if value is None:
+            return inputs
+        consts = [a.value if isinstance(a, Const) else None for a in inputs]
+        consts[k] = value
+        if repeats.substitute(eqn.primitive, eqn.params, [tuple(v.aval.shape) for v in eqn.invars], consts) is None:
+            return inputs
+        return [*inputs[:k], Const(value), *inputs[k + 1 :]]
+
+    def constant_of(self, value: Value, depth: int = 0) -> Optional[np.ndarray]:
+        """`value` as a host array, where it is made of literals and the
+        jaxpr's constants alone, by equations without effects whose outputs
+        take at most `CONSTANT_BYTES`; else None. Computed (each equation
+        run once, on the device) only when asked."""
+        if value in self.known:
+            array = self.known[value]
+            return np.asarray(array) if value.nbytes <= CONSTANT_BYTES else None
+        made = self.made_by.get(value)
+        if made is None or depth > 64 or sum(v.nbytes for v in made.outputs) > CONSTANT_BYTES:
+            return None
+        args = []
+        for a in made.args:
+            found = self.constant_of(a, depth + 1)
+            if found is None:
+                return None
+            args.append(found)
+        try:
+            outs = [np.asarray(out) for out in made.fn(*args)]
+        except Exception:  # noqa: BLE001 - a value with no host form (a PRNG key): not a constant to rewrite with
+            return None
+        self.known.update(zip(made.outputs, outs))
+        return self.known[value]
 
     def lazy(self, env: dict, atom: Any) -> Any:
         """Like `read`, but a lazy stack stays lazy (for inlined calls)."""
