@@ -89,7 +89,7 @@ def _one_axis(dnums: Any, kind: str, operand_shape: tuple, slice_sizes, updates_
 
 
 def _repeat(indices: Any, size: int) -> Optional[int]:
-    """`r` where the constant `indices` (shape (m, 1)) are `j // r` for
+    """`r` > 1 where the constant `indices` (shape (m, 1)) are `j // r` for
     `j < m = r * size`; None where they are not constants or not that."""
     if indices is None:
         return None
@@ -97,7 +97,7 @@ def _repeat(indices: Any, size: int) -> Optional[int]:
     if indices.ndim != 2 or indices.shape[1] != 1 or indices.shape[0] == 0 or size == 0:
         return None
     m = indices.shape[0]
-    if m % size:
+    if m % size or m == size:  # (all once, in order: an identity, whose output would be its input)
         return None
     r = m // size
     return r if np.array_equal(indices[:, 0], np.arange(m) // r) else None
@@ -105,8 +105,6 @@ def _repeat(indices: Any, size: int) -> Optional[int]:
 
 def _repeated(x: Any, axis: int, r: int) -> Any:
     """Each position of `x` along `axis` `r` times in a row."""
-    if r == 1:
-        return x
     shape = x.shape
     wide = lax.broadcast_in_dim(x, (*shape[: axis + 1], r, *shape[axis + 1 :]), (*range(axis + 1), *range(axis + 2, x.ndim + 1)))
     return lax.reshape(wide, (*shape[:axis], shape[axis] * r, *shape[axis + 1 :]))
