@@ -33,7 +33,7 @@ test: $(STAMP)
 # tests that exercise JAX's internals (CI runs this after `make test`).
 OLDEST_JAX := 0.6.0
 OLDEST := .venv-oldest-jax
-OLDEST_JAX_TESTS := tests/test_primitives.py tests/test_api.py tests/test_lowering.py tests/test_paths.py tests/test_runtime.py
+OLDEST_JAX_TESTS := tests/test_primitives.py tests/test_api.py tests/test_lowering.py tests/test_paths.py tests/test_runtime.py tests/test_pooling.py tests/test_repeats.py
 $(OLDEST)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(OLDEST)
 	$(OLDEST)/bin/python -m pip install --quiet --upgrade pip

@@ -126,7 +126,7 @@ def test_remat_plans_resize_without_a_scatter():
     params, x = _model()
     expected = jax.grad(_unet_like)(params, x)
     assert "scatter" in jax.jit(jax.grad(_unet_like)).lower(params, x).as_text()
-    plan = jdtr.plan(_unet_like, params, x, budget=0.8, autotune=False)
+    plan = jdtr.plan(_unet_like, params, x, budget=0.9, autotune=False)
     assert "scatter" not in jax.jit(plan.grad).lower(params, x).as_text()
     assert plan.compiled_bytes <= plan.budget_bytes
     _close(jax.jit(plan.grad)(params, x), expected)
