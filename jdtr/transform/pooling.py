@@ -68,18 +68,18 @@ def substitute(primitive: Any, params: dict, dtype: Any) -> Optional[Callable[..
     `scatter_selected` for the pullback JAX makes of one, where the backend
     is the CPU, the operand floating and the window small and undilated."""
     name = primitive.name
-    if not _enabled() or not jnp.issubdtype(dtype, jnp.inexact):
+    if (name not in _SELECT and name != "select_and_scatter_add") or not _enabled():
+        return None
+    if not jnp.issubdtype(dtype, jnp.inexact):
         return None
     if name in _SELECT:
         if any(d != 1 for d in (*params["base_dilation"], *params["window_dilation"])):
             return None
         select = _SELECT[name]
-    elif name == "select_and_scatter_add":
+    else:
         select = getattr(params["select_prim"], "name", None)
         if select not in _ORDER:
             return None
-    else:
-        return None
     window, strides = tuple(params["window_dimensions"]), tuple(params["window_strides"])
     padding = tuple(tuple(p) for p in params["padding"])
     if int(np.prod(window)) > MAX_WINDOW:

@@ -2,10 +2,10 @@
 broadcast and a sum of strided slices.
 
 `jax.image.resize(x, ..., "nearest")` by a whole factor gathers each
-resized axis with indices `j // r` (computed from an `iota`: `normalize`
-computes them and hands them to the gather as a constant). JAX's pullback of a gather is a
-scatter-add into zeros, which XLA on the CPU expands into a loop over the
-indices that holds copies of the operand: on a U-Net (`models.flax_unet`),
+resized axis with indices `j // r`, computed from an `iota` (`normalize`
+computes them and hands them to the gather as a constant). JAX's pullback
+of a gather is a scatter-add into zeros, which XLA on the CPU expands into
+a loop over the indices that holds copies of the operand: on a U-Net (`models.flax_unet`),
 12 MiB for one resize, the floor of every plan, which no plan compiled
 below 0.69 of `jax.jit(jax.grad)`'s bytes.
 
@@ -43,20 +43,14 @@ def substitute(primitive: Any, params: dict, shapes: Sequence[tuple], consts: Se
     matching sum for a scatter-add."""
     name = primitive.name
     if name == "gather" and len(shapes) == 2:
-        found = _one_axis(params["dimension_numbers"], "gather", shapes[0], params.get("slice_sizes"))
-        if found is None:
-            return None
-        axis = found
-        r = _repeat(consts[1], shapes[0][axis])
+        axis = _one_axis(params["dimension_numbers"], "gather", shapes[0], params.get("slice_sizes"))
+        r = None if axis is None else _repeat(consts[1], shapes[0][axis])
         if r is None:
             return None
         return lambda operand, _indices: _repeated(operand, axis, r)
     if name == "scatter-add" and len(shapes) == 3:
-        found = _one_axis(params["dimension_numbers"], "scatter", shapes[0], None, shapes[2])
-        if found is None:
-            return None
-        axis = found
-        r = _repeat(consts[1], shapes[0][axis])
+        axis = _one_axis(params["dimension_numbers"], "scatter", shapes[0], None, shapes[2])
+        r = None if axis is None else _repeat(consts[1], shapes[0][axis])
         if r is None or r > MAX_REPEATS or shapes[2][axis] != r * shapes[0][axis]:
             return None
         return lambda operand, _indices, updates: _summed(operand, updates, axis, r)
