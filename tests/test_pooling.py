@@ -5,6 +5,11 @@ compiled paths."""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+import textwrap
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -185,3 +190,34 @@ def test_jdtr_grad_runs_the_pool_s_pullback_rewritten():
     got, stats = jdtr.grad(model.loss, budget=0.8, return_stats=True)(model.params, model.batch)
     assert stats.rematerializations > 0
     assert _max_difference(got, expected) < 1e-6
+
+
+MESH_SCRIPT = textwrap.dedent(
+    """
+    import jax, jax.numpy as jnp, jdtr
+    from jax.sharding import NamedSharding, PartitionSpec as P
+    from jdtr import models
+    m = models.plain_cnn(4, 8, 16, 32, pools=(1,))
+    mesh = jax.make_mesh((8,), ("data",))  # Explicit axes on this JAX: selects must match shardings
+    x, y = (jax.device_put(a, NamedSharding(mesh, P("data"))) for a in m.batch)
+    params = jax.device_put(m.params, NamedSharding(mesh, P()))
+    expected = jax.jit(jax.grad(m.loss))(params, (x, y))
+    def difference(got):
+        return max(float(jnp.max(jnp.abs(a - b))) for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(expected)))
+    got, stats = jdtr.grad(m.loss, budget=1.0, return_stats=True)(params, (x, y))
+    assert difference(got) < 1e-6 and stats.peak_bytes <= stats.budget_bytes
+    plan = jdtr.plan(m.loss, params, (x, y), budget=0.7, autotune=False)
+    assert difference(jax.jit(plan.grad)(params, (x, y))) < 1e-6 and plan.compiled_bytes <= plan.budget_bytes
+    print("mesh ok")
+    """
+)
+
+
+def test_pools_on_a_mesh_of_8_devices():
+    """Batch-sharded arguments: the rewrite's zeros take their operand's
+    sharding (a select between sharded and unsharded arrays is refused on
+    Explicit axes), in both paths."""
+    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=8", JAX_PLATFORMS="cpu")
+    result = subprocess.run([sys.executable, "-c", MESH_SCRIPT], env=env, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-4000:]
+    assert "mesh ok" in result.stdout

@@ -110,7 +110,9 @@ def selected(operand: Any, select: str, window, strides, padding) -> Any:
     order = _ORDER[select]
     fill = -jnp.inf if select == "ge" else jnp.inf
     values = _windows(operand, fill, window, strides, padding)
-    best, index = values[0], jnp.zeros(values[0].shape, jnp.int32)
+    # (`zeros_like`: the zeros take the input's sharding, which a select
+    # between them and its slices must match on a mesh's Explicit axes.)
+    best, index = values[0], jnp.zeros_like(values[0], dtype=jnp.int32)
     for k in range(1, len(values)):
         replace = ~order(best, values[k])
         best = jnp.where(replace, values[k], best)
@@ -120,19 +122,29 @@ def selected(operand: Any, select: str, window, strides, padding) -> Any:
 
 def gather_selected(tangent: Any, index: Any, window, strides, padding) -> Any:
     """The tangent at each window's selected element: linear in `tangent`."""
-    out = jnp.zeros(index.shape, tangent.dtype)
-    for k, piece in enumerate(_windows(tangent, 0, window, strides, padding)):
+    pieces = _windows(tangent, 0, window, strides, padding)
+    out = jnp.zeros_like(pieces[0])
+    for k, piece in enumerate(pieces):
         out = jnp.where(index == k, piece, out)
     return out
 
 
 def scatter_selected(source: Any, operand: Any, select: str, window, strides, padding) -> Any:
     """`select_and_scatter_add(source, operand)` with its parameters: each
-    output's cotangent added at its window's selected element."""
+    output's cotangent added at its window's selected element. The
+    transpose of `gather_selected`, written out: each offset's share of
+    `source`, padded into place (strided by the pool's strides) in the
+    padded input, summed over the offsets in the window's order and cropped."""
     index = selected(lax.stop_gradient(operand), select, window, strides, padding)
-    gather = functools.partial(gather_selected, index=index, window=window, strides=strides, padding=padding)
-    (cotangent,) = jax.linear_transpose(gather, jax.ShapeDtypeStruct(operand.shape, operand.dtype))(source)
-    return cotangent
+    padded = [d + lo + hi for d, (lo, hi) in zip(operand.shape, padding)]
+    zero = jnp.zeros_like(source)
+    total = None
+    for k, offset in enumerate(itertools.product(*(range(w) for w in window))):
+        share = jnp.where(index == k, source, zero)
+        config = [(o, p - (o + (n - 1) * s + 1), s - 1) for o, n, s, p in zip(offset, source.shape, strides, padded)]
+        placed = lax.pad(share, jnp.zeros((), source.dtype), config)
+        total = placed if total is None else total + placed
+    return lax.slice(total, [lo for lo, _ in padding], [lo + d for (lo, _), d in zip(padding, operand.shape)])
 
 
 @functools.lru_cache(maxsize=None)
