@@ -134,12 +134,16 @@ def scatter_selected(source: Any, operand: Any, select: str, window, strides, pa
     output's cotangent added at its window's selected element. The
     transpose of `gather_selected`, written out: each offset's share of
     `source`, padded into place (strided by the pool's strides) in the
-    padded input, summed over the offsets in the window's order and cropped."""
+    padded input, summed over the offsets and cropped."""
     index = selected(lax.stop_gradient(operand), select, window, strides, padding)
     padded = [d + lo + hi for d, (lo, hi) in zip(operand.shape, padding)]
     zero = jnp.zeros_like(source)
     total = None
-    for k, offset in enumerate(itertools.product(*(range(w) for w in window))):
+    offsets = list(enumerate(itertools.product(*(range(w) for w in window))))
+    # Last offset first: an element's contributions then come in the order
+    # the scatter adds them (outputs in row-major order, which meet the
+    # element at offsets in the reverse order).
+    for k, offset in reversed(offsets):
         share = jnp.where(index == k, source, zero)
         config = [(o, p - (o + (n - 1) * s + 1), s - 1) for o, n, s, p in zip(offset, source.shape, strides, padded)]
         placed = lax.pad(share, jnp.zeros((), source.dtype), config)
