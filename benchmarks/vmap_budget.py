@@ -2,7 +2,8 @@
 
 Per-example gradients of shared parameters (`in_axes=(None, 0)`) and an
 ensemble (`in_axes=(0, 0)`), on tanh MLPs where the per-example gradients
-dominate the step and where activations do. For each budget (a fraction
+dominate the step and where activations do, and on a GRU in `lax.scan`
+(shared weights, per-example gradients). For each budget (a fraction
 of `vmap(jax.grad)`'s compiled bytes): the jitted batched step's XLA bytes
 over `vmap(jax.grad)`'s and over the budget, its step time over
 `vmap(jax.grad)`'s (medians of interleaved runs), the largest difference
@@ -46,10 +47,38 @@ def tanh_mlp(layers: int, width: int, examples: int, rows: int, ensemble: bool):
     return loss, (params, xs), ((0, 0) if ensemble else (None, 0))
 
 
+def gru(steps: int, features: int, hidden: int, examples: int):
+    """One example's loss: a GRU over `steps` inputs in `lax.scan`, then a linear read-out of its last state."""
+    keys = jax.random.split(jax.random.PRNGKey(0), 4)
+    params = {
+        "x": jax.random.normal(keys[0], (features, 3 * hidden)) / features**0.5,
+        "h": jax.random.normal(keys[1], (hidden, 3 * hidden)) / hidden**0.5,
+        "out": jax.random.normal(keys[2], (hidden, 10)) / hidden**0.5,
+    }
+    xs = jax.random.normal(keys[3], (examples, steps, features))
+
+    def loss(p, x):
+        def cell(h, xt):
+            gx, gh = xt @ p["x"], h @ p["h"]
+            r = jax.nn.sigmoid(gx[:hidden] + gh[:hidden])
+            z = jax.nn.sigmoid(gx[hidden : 2 * hidden] + gh[hidden : 2 * hidden])
+            n = jnp.tanh(gx[2 * hidden :] + r * gh[2 * hidden :])
+            return (1 - z) * n + z * h, None
+
+        h, _ = jax.lax.scan(cell, jnp.zeros(hidden), x)
+        return jnp.sum((h @ p["out"]) ** 2)
+
+    return loss, (params, xs), (None, 0)
+
+
 MODELS = {
-    "per-example gradients dominate: 4x128, 64 examples of 32 rows": dict(layers=4, width=128, examples=64, rows=32, ensemble=False),
-    "activations dominate: 8x64, 16 examples of 512 rows": dict(layers=8, width=64, examples=16, rows=512, ensemble=False),
-    "ensemble: 8x64, 16 members, 512 rows": dict(layers=8, width=64, examples=16, rows=512, ensemble=True),
+    "per-example gradients dominate: 4x128, 64 examples of 32 rows":
+        lambda: tanh_mlp(layers=4, width=128, examples=64, rows=32, ensemble=False),
+    "activations dominate: 8x64, 16 examples of 512 rows":
+        lambda: tanh_mlp(layers=8, width=64, examples=16, rows=512, ensemble=False),
+    "ensemble: 8x64, 16 members, 512 rows": lambda: tanh_mlp(layers=8, width=64, examples=16, rows=512, ensemble=True),
+    "GRU in lax.scan, 128 steps, hidden 128, 8 examples": lambda: gru(steps=128, features=64, hidden=128, examples=8),
+    "GRU in lax.scan, 512 steps, hidden 256, 16 examples": lambda: gru(steps=512, features=64, hidden=256, examples=16),
 }
 
 
@@ -61,8 +90,8 @@ def main() -> None:
     print(machine())
     print("| model | budget | bytes / vmap(jax.grad)'s | bytes / budget | step / vmap(jax.grad)'s | max error | planning s |")
     print("|---|---|---|---|---|---|---|")
-    for name, config in MODELS.items():
-        loss, example, in_axes = tanh_mlp(**config)
+    for name, model in MODELS.items():
+        loss, example, in_axes = model()
         plain = jax.vmap(jax.grad(loss), in_axes=in_axes)
         full = compiled(plain, example)[1]
         reference = jax.jit(plain)(*example)

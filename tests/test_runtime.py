@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import itertools
 import math
+import sys
 
 import pytest
 
@@ -101,6 +102,68 @@ def test_chain_too_small_budget_raises_with_numbers():
     assert err.budget_bytes == 2 and err.needed_bytes == 1
     assert err.op_name in {"fwd", "bwd", "seed"}
     assert "budget" in str(err)
+
+
+class ReplayRun(Observer):
+    """The longest run of rematerializations in a row: on a chain whose
+    values were all evicted, the nesting depth of one rebuild."""
+
+    def __init__(self):
+        self.run = self.longest = 0
+
+    def on_compute(self, op, cost, rematerialization, clock):
+        self.run = self.run + 1 if rematerialization else 0
+        self.longest = max(self.longest, self.run)
+
+
+def evicted_chain(n, backend, observers=()):
+    """A forward chain x_{i+1} = x_i + 1 at a budget of a few values, so
+    that reading x_1 rebuilds it from x_0 through every value evicted since."""
+    rt = Runtime(backend, 4, observers=list(observers))
+    xs = [rt.constant(1, buffer=0)]
+    for _ in range(n):
+        xs.append(rt.call("fwd", [xs[-1]], [1], cost=1.0, payload=lambda a: a + 1)[0])
+    return rt, xs
+
+
+def test_a_chain_evicted_past_pythons_recursion_limit_is_rebuilt_exactly():
+    """The paper's rematerialization recurses into evicted inputs; on an
+    unrolled RNN that is a chain deeper than Python's recursion limit
+    (a GRU of 128 steps under `vmap` raised RecursionError in the planner)."""
+    n = 3 * sys.getrecursionlimit()
+    replays = ReplayRun()
+    rt, xs = evicted_chain(n, ValueBackend(), [replays])
+    assert [rt.get(xs[i]) for i in (n // 2, 1, n)] == [n // 2, 1, n]
+    assert replays.longest > sys.getrecursionlimit()
+    assert all(s.locks == 0 for s in rt.storages)
+
+
+def test_an_operator_failing_deep_in_a_rebuild_leaves_nothing_locked():
+    """An exception in a nested rebuild unwinds every frame below it: each
+    unlocks its inputs, the budget's count stays exact, and the next read
+    rebuilds the value."""
+
+    class FailOnce(ValueBackend):
+        def __init__(self, at):
+            super().__init__()
+            self.at = at
+
+        def compute(self, op, args):
+            if self.computed == self.at:
+                self.at = -1
+                raise RuntimeError("device lost")
+            return super().compute(op, args)
+
+    n = 2 * sys.getrecursionlimit()
+    backend = FailOnce(at=-1)
+    rt, xs = evicted_chain(n, backend)
+    backend.at = backend.computed + n // 4  # halfway through rebuilding x_{n/2}
+    with pytest.raises(RuntimeError, match="device lost"):
+        rt.get(xs[n // 2])
+    assert backend.at == -1
+    assert all(s.locks == 0 for s in rt.storages)
+    assert rt.memory == sum(s.size for s in rt.storages if s.resident) <= 4
+    assert rt.get(xs[n // 2]) == n // 2
 
 
 def test_thrash_limit():

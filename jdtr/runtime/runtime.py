@@ -1,7 +1,9 @@
 """The DTR runtime: allocation, eviction, rematerialization, deallocation.
 
 This is Figure 1 of the paper made exact by App. C.4: every operator call
-locks its inputs, rematerializes the undefined ones (recursively), reserves
+locks its inputs, rematerializes the undefined ones (recursively in the
+paper; here on a stack of frames, so a chain of thousands of evicted values
+is rebuilt without reaching Python's recursion limit), reserves
 memory for its outputs by evicting the storages the heuristic scores lowest,
 and runs. The runtime knows nothing of JAX: a `Backend` runs operators on
 buffers (device arrays, or nothing at all in simulation), so the same
@@ -13,7 +15,7 @@ sum of the sizes of resident storages plus the outputs being allocated.
 
 from __future__ import annotations
 
-from typing import Any, Callable, Optional, Protocol, Sequence
+from typing import Any, Callable, Iterator, Optional, Protocol, Sequence
 
 from .errors import OutOfBudgetError
 from .graph import Operator, Storage, Tensor
@@ -245,8 +247,43 @@ class Runtime:
     # ------------------------------------------------------------ the algorithm
 
     def _perform(self, op: Operator, rematerialization: bool, target: Optional[Tensor] = None) -> None:
-        """Locks the inputs, rematerializes the undefined ones, reserves the
-        outputs' memory and runs `op` (App. C.4, (Re)materialization).
+        """Runs `op` and every rematerialization it needs (App. C.4).
+
+        The paper's recursion (an undefined input rematerializes its own
+        inputs first) is kept in its order, but on an explicit stack: each
+        frame is a `_steps` generator that yields the input it needs rebuilt,
+        and gets that input's frame pushed above it. An unrolled RNN or a deep
+        MLP evicts chains longer than Python's recursion limit. An exception
+        in a frame is thrown into the frame below, which unlocks what it
+        locked, as a `try` around a recursive call would.
+        """
+        frames = [self._steps(op, rematerialization, target)]
+        error: Optional[BaseException] = None
+        while frames:
+            try:
+                if error is None:
+                    tensor = next(frames[-1])
+                else:
+                    pending, error = error, None
+                    tensor = frames[-1].throw(pending)
+            except StopIteration:
+                frames.pop()
+                continue
+            except BaseException as exc:
+                frames.pop()
+                if not frames:
+                    raise
+                error = exc
+                continue
+            try:
+                frames.append(self._steps(self._replay_of(tensor), True, tensor))
+            except BaseException as exc:
+                error = exc
+
+    def _steps(self, op: Operator, rematerialization: bool, target: Optional[Tensor]) -> Iterator[Tensor]:
+        """One frame of `_perform`: locks the inputs, has the undefined ones
+        rematerialized, reserves the outputs' memory and runs `op` (App. C.4,
+        (Re)materialization).
 
         `target` is the output asked for (the first one for a first
         computation). The order of every step follows the paper's simulator,
@@ -272,7 +309,7 @@ class Runtime:
                 locked.append(tensor.storage)
             for tensor in pending:
                 if not tensor.defined:
-                    self._rematerialize(tensor)
+                    yield tensor  # `_perform` rematerializes it, then resumes this frame
                 self._lock(tensor.storage)
                 locked.append(tensor.storage)
             needed = sum(t.size for t in op.outputs) + op.workspace
@@ -338,12 +375,17 @@ class Runtime:
             self._update_pool(storage)
 
     def _rematerialize(self, tensor: Tensor) -> None:
+        self._perform(self._replay_of(tensor), rematerialization=True, target=tensor)
+
+    @staticmethod
+    def _replay_of(tensor: Tensor) -> Operator:
+        """The operator that recomputes `tensor`. A view of an evicted storage
+        reads a tensor of that storage, so replaying it rebuilds the storage
+        first."""
         op = tensor.op
         if op is None or not op.replayable:
             raise RuntimeError(f"{tensor!r} was freed but cannot be recomputed; this is a jdtr bug")
-        # A view of an evicted storage reads a tensor of that storage, so the
-        # recursion over its inputs rebuilds the storage first.
-        self._perform(op, rematerialization=True, target=tensor)
+        return op
 
     def _reserve(self, nbytes: int, op: Optional[Operator], name: str) -> None:
         """Evicts until `nbytes` more fit under the budget, then takes them."""

@@ -9,9 +9,16 @@ differentiated with respect to per-example copies of the differentiated
 arguments (a shared parameter is broadcast over the batch), so that its
 gradient is `vmap(grad)`'s per-example gradients. The budget is bytes of
 that batched step; a fraction is one of `vmap(jax.grad)`'s compiled bytes.
-Where `vmap(jax.grad)` fits, it runs as it is. (Planning one example and
-mapping its plan was measured too: its segments compiled under `vmap` to
-1.4-1.7x `vmap(jax.grad)`'s bytes.)
+Where `vmap(jax.grad)` fits, it runs as it is.
+
+Where a shared argument is differentiated (per-example gradients of shared
+parameters), its copies are arguments of the planned step, and XLA holds
+them whole in the batched call too: on a ViT (1.6 MiB of parameters, 8
+examples) they took 11 MiB, and no plan compiled below 0.54 of
+`vmap(jax.grad)`'s bytes. There a plan of one example, mapped by `vmap`
+(`BatchedPlan.mapped`), is tried first: it has no copies (0.38 on that
+ViT), and it is asked for less until its batched call, compiled, fits.
+Where it does not, the batched step is planned with the copies.
 
 Only a `vmap` applied to the call itself is seen (its arguments are batch
 tracers); under `vmap(jit(remat_grad(...)))` the call is planned per example.
@@ -21,6 +28,7 @@ A batched call cannot be differentiated again in reverse mode (a
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any, Callable, Optional, Sequence
 
 import jax
@@ -42,6 +50,15 @@ from .planning import make_plan
 # plan just over is not found again).
 BATCHED_ATTEMPTS = 4
 BATCHED_MARGIN = 0.98
+
+
+@dataclass(frozen=True)
+class BatchedPlan:
+    """How a call under `vmap` runs: by `plan`, a plan of the batched step,
+    or, where `mapped`, a plan of one example's step, mapped by `vmap`."""
+
+    plan: Plan
+    mapped: bool = False
 
 
 def under_vmap(args: tuple, kwargs: dict) -> bool:
@@ -93,25 +110,30 @@ def _batched(remat: Any, arguments: Arguments, per_example: Callable, axis_size:
     diff = arguments.traced_argnums
     # Per-example gradients of a shared (unbatched) argument need a copy per example.
     axes = [0 if batched or i in diff else None for i, batched in enumerate(in_batched)]
+    unbatched = [0 if b else None for b in in_batched]
 
     def total(*ys):
         out = jax.vmap(per_example, in_axes=axes)(*ys)
         values, aux = out if remat.has_aux else (out, None)
         return jnp.sum(values), (values, aux)
 
-    def run(plan: Plan, xs) -> Any:  # the batched call by `plan`: what the rule returns, and what is measured
-        (_, (values, aux)), grads = plan.value_and_grad(*_copies(xs, in_batched, diff, axis_size))
+    def result(out, grads) -> Any:  # what the rule returns: `_per_example`'s outputs, batched
         grads = _gradients_as_arguments(remat, arguments, diff, grads)
         if remat.value:
-            return ((values, aux) if remat.has_aux else values), grads
-        return (grads, aux) if remat.has_aux else grads
+            return out, grads
+        return (grads, out[1]) if remat.has_aux else grads
+
+    def run(batched: BatchedPlan, xs) -> Any:  # the batched call by a plan: what the rule returns, and what is measured
+        if batched.mapped:
+            return result(*jax.vmap(batched.plan.value_and_grad, in_axes=unbatched)(*xs))
+        (_, (values, aux)), grads = batched.plan.value_and_grad(*_copies(xs, in_batched, diff, axis_size))
+        return result((values, aux) if remat.has_aux else values, grads)
 
     key = ("vmap", arguments.key, axis_size, tuple(in_batched))
     if key not in remat.plans:
         remat.plans[key] = _plan_batched(remat, total, run, per_example, diff, axis_size, in_batched, xs)
     plan = remat.plans[key]
     if plan is None:  # `vmap(jax.grad)` itself fits
-        unbatched = [0 if b else None for b in in_batched]
         return jax.vmap(lambda *x: _per_example(remat, arguments, per_example, x), in_axes=unbatched)(*xs)
     return run(plan, xs)
 
@@ -126,20 +148,22 @@ def _copies(xs: Sequence, in_batched: Sequence[bool], diff: Sequence[int], axis_
 
 def _plan_batched(
     remat: Any, total: Callable, run: Callable, per_example: Callable, diff, axis_size: int, in_batched, xs
-) -> Optional[Plan]:
-    """The plan of the batched step `total`, or None where `vmap(jax.grad)`
-    compiles within the budget (a budget of 1.0 never raises).
+) -> Optional[BatchedPlan]:
+    """The plan of the batched call, or None where `vmap(jax.grad)` compiles
+    within the budget (a budget of 1.0 never raises).
 
-    A shared argument's per-example copies are the planned step's arguments,
-    but in the batched call they are made inside it, where XLA need not hold
-    them whole (per-example gradients of 16 MiB: the copies took 3 MiB more
-    than `vmap(jax.grad)`, not 16). So where there are copies, the planner
-    is given the budget plus their bytes, and the batched call itself is
-    compiled to check it: a plan over is followed by one asked for less, in
-    proportion to its excess. What is compiled is the call as it runs
-    (`run`: the outputs it returns), not the plan's step with all of its
-    outputs: on JAX 0.11 a call at the budget suggested from that measure
-    compiled to 6% more than it."""
+    Without shared differentiated arguments, the planned step is the batched
+    call itself, measured by the planner. With them, a plan of one example,
+    mapped, is tried first, then the batched step with the copies. The
+    copies are the planned step's arguments, but in the batched call they
+    are made inside it, where XLA need not hold them whole (per-example
+    gradients of 16 MiB: the copies took 3 MiB more than `vmap(jax.grad)`,
+    not 16), so that planner is given the budget plus their bytes. Either
+    way, the batched call itself is compiled to check it, as it runs (`run`:
+    the outputs it returns, not a plan's step with all of its outputs: on
+    JAX 0.11 a call at a budget suggested from that measure compiled to 6%
+    more than it), and a plan over is followed by one asked for less, in
+    proportion to its excess, `BATCHED_ATTEMPTS` times at most."""
     unbatched = [0 if b else None for b in in_batched]
     plain = jax.vmap(jax.grad(per_example, diff, has_aux=remat.has_aux), in_axes=unbatched)
     specs = [jax.ShapeDtypeStruct(jnp.shape(x), jnp.result_type(x)) for x in xs]
@@ -152,31 +176,57 @@ def _plan_batched(
     ys = tuple(_copies(xs, in_batched, diff, axis_size))
     copies = sum((axis_size - 1) * _jax_core.aval_nbytes(specs[i]) for i in diff if not in_batched[i])
 
-    def plan_at(budget: int, autotune: Optional[bool]) -> Plan:
-        return make_plan(total, ys, {}, budget, tuple(diff), True, remat.heuristic, remat.implementation, autotune)
+    def copied(budget: int, autotune: Optional[bool] = False) -> BatchedPlan:
+        return BatchedPlan(make_plan(total, ys, {}, budget, tuple(diff), True, remat.heuristic, remat.implementation,
+                                     autotune))
 
     if not copies:  # the planned step is the batched call, measured by the planner itself
-        return plan_at(target, remat.autotune)
+        return copied(target, remat.autotune)
 
-    def batched_bytes(plan: Plan) -> int:
+    def batched_bytes(plan: BatchedPlan) -> int:
         return compiled_bytes(lambda *x: run(plan, x), specs)
 
-    budget, smallest = target + copies, None
-    for _ in range(BATCHED_ATTEMPTS):
-        floor = False  # whether this is the smallest plan the planner found
-        try:
-            plan = plan_at(int(budget), remat.autotune)
-        except OutOfBudgetError as error:
-            if error.suggested_budget_bytes is None:
-                raise
-            plan, floor = plan_at(error.suggested_budget_bytes, False), True
-        measured = batched_bytes(plan)
-        smallest = measured if smallest is None else min(smallest, measured)
-        if measured <= target:
-            return plan
-        if floor:
-            break
-        budget = budget * target / measured * BATCHED_MARGIN
+    # One example's step, mapped: its budget is asked of one example's plan,
+    # and only what is not arguments and outputs scales with the batch.
+    one = [jax.ShapeDtypeStruct(s.shape[1:], s.dtype) if b else s for s, b in zip(specs, in_batched)]
+    alone, alone_fixed = compiled_sizes(jax.grad(per_example, diff, has_aux=remat.has_aux), one)
+
+    def mapped(budget: int, autotune: Optional[bool] = False) -> BatchedPlan:
+        # (never autotuned: one example's step times nothing of the batch's)
+        return BatchedPlan(make_plan(per_example, tuple(one), {}, budget, tuple(diff), remat.has_aux, remat.heuristic,
+                                     remat.implementation, autotune), mapped=True)
+
+    found: list[int] = []  # the batched calls' bytes, measured, of both kinds
+    error: Optional[OutOfBudgetError] = None
+    fraction = (target - fixed) / (unconstrained - fixed)
+    for plan_at, budget, scaled_from, first_autotune in (
+        (mapped, alone_fixed + fraction * max(alone - alone_fixed, 0), alone_fixed, False),
+        (copied, target + copies, 0, remat.autotune),
+    ):
+        for attempt in range(BATCHED_ATTEMPTS):
+            floor = False  # whether this is the smallest plan the planner found
+            try:
+                plan = plan_at(int(budget), first_autotune) if attempt == 0 else plan_at(int(budget))
+            except OutOfBudgetError as raised:
+                if raised.suggested_budget_bytes is None:
+                    error = raised
+                    break
+                plan, floor = plan_at(raised.suggested_budget_bytes), True
+            found.append(batched_bytes(plan))
+            if found[-1] <= target:
+                return plan
+            if floor:
+                break
+            # Asked for less, in proportion to the batched call's excess
+            # (over what it needs beside its arguments and outputs, where
+            # that is what the budget asked of one example scales).
+            share = (target - fixed) / (found[-1] - fixed) if scaled_from else target / found[-1]
+            budget = scaled_from + (budget - scaled_from) * share * BATCHED_MARGIN
+            if budget <= scaled_from:
+                break
+    if not found:
+        raise error
+    smallest = min(found)
     error = OutOfBudgetError(
         needed_bytes=smallest, free_bytes=target - fixed, pinned_bytes=fixed, locked_bytes=0, budget_bytes=target,
         op_name="the batched step",
