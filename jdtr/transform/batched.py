@@ -192,21 +192,21 @@ def _plan_batched(
     alone, alone_fixed = compiled_sizes(jax.grad(per_example, diff, has_aux=remat.has_aux), one)
 
     def mapped(budget: int, autotune: Optional[bool] = False) -> BatchedPlan:
-        # (never autotuned: one example's step times nothing of the batch's)
+        # (never autotuned below: one example's step times nothing of the batch's)
         return BatchedPlan(make_plan(per_example, tuple(one), {}, budget, tuple(diff), remat.has_aux, remat.heuristic,
                                      remat.implementation, autotune), mapped=True)
 
     found: list[int] = []  # the batched calls' bytes, measured, of both kinds
     error: Optional[OutOfBudgetError] = None
     fraction = (target - fixed) / (unconstrained - fixed)
-    for plan_at, budget, scaled_from, first_autotune in (
+    for plan_at, budget, scaled_from, autotune in (
         (mapped, alone_fixed + fraction * max(alone - alone_fixed, 0), alone_fixed, False),
         (copied, target + copies, 0, remat.autotune),
     ):
-        for attempt in range(BATCHED_ATTEMPTS):
+        for _ in range(BATCHED_ATTEMPTS):
             floor = False  # whether this is the smallest plan the planner found
             try:
-                plan = plan_at(int(budget), first_autotune) if attempt == 0 else plan_at(int(budget))
+                plan = plan_at(int(budget), autotune)
             except OutOfBudgetError as raised:
                 if raised.suggested_budget_bytes is None:
                     error = raised

@@ -10,7 +10,7 @@ import jax
 from ..budget import BudgetLike, parse_budget
 from ..runtime import Heuristic, get_heuristic
 from .arguments import Static, argnums_tuple, concrete_leaves, flatten_arguments
-from .batched import batched_call, under_vmap
+from .batched import BatchedPlan, batched_call, under_vmap
 from .checkpoint_plan import Plan
 from .planning import IMPLEMENTATIONS, make_plan
 
@@ -81,7 +81,9 @@ class _RematGrad:
         self.fun, self.argnums, self.has_aux = fun, argnums, has_aux
         self.budget, self.heuristic, self.implementation, self.value = budget, heuristic, implementation, value
         self.autotune = autotune
-        self.plans: dict[Hashable, Plan] = {}
+        # per argument structure a Plan; under `vmap`, per batch ("vmap", ...),
+        # a `batched.BatchedPlan`, or None where `vmap(jax.grad)` fits
+        self.plans: dict[Hashable, Optional[Union[Plan, BatchedPlan]]] = {}
         self.steps: dict[Hashable, Callable] = {}  # per argument structure, the plan's step under jit (eager calls)
         functools.update_wrapper(self, fun)
 
