@@ -356,6 +356,42 @@ def test_no_plan_fits_suggests_the_smallest_plan_of_any_strategy():
     assert plan.compiled_bytes <= suggested
 
 
+def test_where_every_kept_strategy_is_out_of_reach_the_suggestion_still_keeps_the_scan():
+    """A GRU over 128 steps at 0.3 of `jax.grad`'s bytes: every strategy
+    that keeps its scan is out of reach (`plan_search.out_of_reach`), and
+    the error suggested the unrolled program's smallest plan, 1.36x
+    `jax.grad`'s bytes, where a call at 0.5 suggested 0.53. The strategy
+    with the lowest floor is searched too, and its plan is suggested."""
+    steps, features, hidden = 128, 64, 128
+    keys = jax.random.split(jax.random.PRNGKey(0), 4)
+    params = {
+        "x": jax.random.normal(keys[0], (features, 3 * hidden)) / 8,
+        "h": jax.random.normal(keys[1], (hidden, 3 * hidden)) / 11,
+        "out": jax.random.normal(keys[2], (hidden, 10)) / 11,
+    }
+    x = jax.random.normal(keys[3], (steps, features))
+
+    def loss(p, x):
+        def cell(h, xt):
+            gx, gh = xt @ p["x"], h @ p["h"]
+            r = jax.nn.sigmoid(gx[:hidden] + gh[:hidden])
+            z = jax.nn.sigmoid(gx[hidden : 2 * hidden] + gh[hidden : 2 * hidden])
+            n = jnp.tanh(gx[2 * hidden :] + r * gh[2 * hidden :])
+            return (1 - z) * n + z * h, None
+
+        h, _ = lax.scan(cell, jnp.zeros(hidden), x)
+        return jnp.sum((h @ p["out"]) ** 2)
+
+    full = compiled_total(jax.grad(loss), params, x)
+    with pytest.raises(jdtr.OutOfBudgetError) as caught:
+        jdtr.plan(loss, params, x, budget=0.3, autotune=False)
+    suggested = caught.value.suggested_budget_bytes
+    assert suggested < 0.6 * full
+    plan = jdtr.plan(loss, params, x, budget=suggested, autotune=False)
+    assert plan.compiled_bytes <= suggested and plan.report().count("iterations") >= 1
+    assert_trees_close(jax.jit(plan.grad)(params, x), jax.grad(loss)(params, x), rtol=1e-5, atol=1e-6)
+
+
 def test_segments_nested_to_the_left_never_span_a_kept_scan():
     """The planner's regrouping of segments to the left (`segments.nested_left`,
     tried for convolutions on the CPU) groups only segments that follow one

@@ -97,6 +97,10 @@ class DeviceScale:
         """The model's bytes for a step of `per_device` bytes per device."""
         return self.fixed_model + max(per_device - self.fixed_device, 0.0) / self.activations
 
+    def to_device(self, model: float) -> float:
+        """The bytes per device of a step of `model` bytes in the model (`to_model`'s inverse)."""
+        return self.fixed_device + max(model - self.fixed_model, 0.0) * self.activations
+
     def shrink(self, model_target: float, per_device_target: float, compiled: float) -> float:
         """The model's target after a plan for `model_target` compiled to
         `compiled` bytes per device, over a budget of `per_device_target`:

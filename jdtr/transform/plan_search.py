@@ -142,8 +142,20 @@ def out_of_reach(planning: Any, target: float) -> bool:
     for kept scans, whose strategy keeps bytes no segment can save."""
     if not planning.kept_scans:
         return False
-    floor = predicted_bytes(planning.forward, (), planning.gradient_bytes, planning.scan_memory)
-    return floor * SCAN_FLOOR_REACH > model_target(planning, target)
+    return scan_floor(planning) * SCAN_FLOOR_REACH > model_target(planning, target)
+
+
+def scan_floor(planning: Any) -> float:
+    """The memory model's floor of a planning's scan strategy: arguments,
+    gradients and what it keeps for its scans, no segment at all."""
+    return predicted_bytes(planning.forward, (), planning.gradient_bytes, planning.scan_memory)
+
+
+def least_target_in_reach(planning: Any) -> float:
+    """The smallest target (compiled bytes, per device where sharded) that
+    `out_of_reach` lets a search of this planning's strategy try."""
+    floor = scan_floor(planning) * SCAN_FLOOR_REACH
+    return planning.scale.to_device(floor) if planning.scale else floor
 
 
 def model_target(planning: Any, target: float) -> float:
