@@ -569,21 +569,19 @@ def test_vmap_where_no_plan_fits_suggests_a_budget_the_batched_call_runs_at():
     assert_trees_close(jax.jit(planned)(params, xs), jax.jit(plain)(params, xs), rtol=1e-4, atol=1e-6)
 
 
-def test_vmap_of_per_example_gradients_without_copies_of_the_shared_parameters():
-    """Per-example gradients of a GRU's shared weights (a `scan` of 128
-    steps): with a copy of the weights per example as the planned step's
-    arguments, no plan compiled below 0.72 of `vmap(jax.grad)`'s bytes; one
-    example's plan, mapped by `vmap`, fits 0.5."""
-    steps, features, hidden, examples = 128, 64, 128, 8
+def gru_scan(steps: int, features: int, hidden: int, *batch: int):
+    """One sequence's loss, a GRU over its `steps` inputs in `lax.scan` and
+    a linear read-out of its last state; its parameters; inputs of shape
+    (*batch, steps, features)."""
     keys = jax.random.split(jax.random.PRNGKey(0), 4)
     params = {
         "x": jax.random.normal(keys[0], (features, 3 * hidden)) / 8,
         "h": jax.random.normal(keys[1], (hidden, 3 * hidden)) / 11,
         "out": jax.random.normal(keys[2], (hidden, 10)) / 11,
     }
-    xs = jax.random.normal(keys[3], (examples, steps, features))
+    x = jax.random.normal(keys[3], (*batch, steps, features))
 
-    def loss(p, x):  # one example
+    def loss(p, x):
         def cell(h, xt):
             gx, gh = xt @ p["x"], h @ p["h"]
             r = jax.nn.sigmoid(gx[:hidden] + gh[:hidden])
@@ -593,6 +591,16 @@ def test_vmap_of_per_example_gradients_without_copies_of_the_shared_parameters()
 
         h, _ = jax.lax.scan(cell, jnp.zeros(hidden), x)
         return jnp.sum((h @ p["out"]) ** 2)
+
+    return loss, params, x
+
+
+def test_vmap_of_per_example_gradients_without_copies_of_the_shared_parameters():
+    """Per-example gradients of a GRU's shared weights (a `scan` of 128
+    steps): with a copy of the weights per example as the planned step's
+    arguments, no plan compiled below 0.72 of `vmap(jax.grad)`'s bytes; one
+    example's plan, mapped by `vmap`, fits 0.5."""
+    loss, params, xs = gru_scan(128, 64, 128, 8)
 
     plain = jax.vmap(jax.grad(loss), in_axes=(None, 0))
     planned = jax.vmap(jdtr.remat_grad(loss, budget=0.5, autotune=False), in_axes=(None, 0))

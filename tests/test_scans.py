@@ -25,7 +25,7 @@ from jdtr.transform.normalize import MIN_KEPT_LENGTH, normalize
 from jdtr.transform._jax_core import scan_layout
 from jdtr.transform.scans import STRATEGIES, ScanStrategy, kept_scans, run_scan, scan_memory
 
-from test_plan import assert_trees_close, compiled_total
+from test_plan import assert_trees_close, compiled_total, gru_scan
 
 
 def _scan_equation(fun, *args):
@@ -362,26 +362,7 @@ def test_where_every_kept_strategy_is_out_of_reach_the_suggestion_still_keeps_th
     the error suggested the unrolled program's smallest plan, 1.36x
     `jax.grad`'s bytes, where a call at 0.5 suggested 0.53. The strategy
     with the lowest floor is searched too, and its plan is suggested."""
-    steps, features, hidden = 128, 64, 128
-    keys = jax.random.split(jax.random.PRNGKey(0), 4)
-    params = {
-        "x": jax.random.normal(keys[0], (features, 3 * hidden)) / 8,
-        "h": jax.random.normal(keys[1], (hidden, 3 * hidden)) / 11,
-        "out": jax.random.normal(keys[2], (hidden, 10)) / 11,
-    }
-    x = jax.random.normal(keys[3], (steps, features))
-
-    def loss(p, x):
-        def cell(h, xt):
-            gx, gh = xt @ p["x"], h @ p["h"]
-            r = jax.nn.sigmoid(gx[:hidden] + gh[:hidden])
-            z = jax.nn.sigmoid(gx[hidden : 2 * hidden] + gh[hidden : 2 * hidden])
-            n = jnp.tanh(gx[2 * hidden :] + r * gh[2 * hidden :])
-            return (1 - z) * n + z * h, None
-
-        h, _ = lax.scan(cell, jnp.zeros(hidden), x)
-        return jnp.sum((h @ p["out"]) ** 2)
-
+    loss, params, x = gru_scan(128, 64, 128)
     full = compiled_total(jax.grad(loss), params, x)
     with pytest.raises(jdtr.OutOfBudgetError) as caught:
         jdtr.plan(loss, params, x, budget=0.3, autotune=False)
