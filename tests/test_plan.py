@@ -707,8 +707,14 @@ def test_protected_segments_survive_xla_cse_on_cpu():
     assert plain_bytes > protected.budget_bytes
     # Asked for plain checkpoints on the CPU, the planner cannot meet the
     # budget and says why instead of returning an oversized step.
-    with pytest.raises(jdtr.OutOfBudgetError, match="removes checkpoint barriers"):
+    with pytest.raises(jdtr.OutOfBudgetError, match="removes checkpoint barriers") as caught:
         plan_of("mlp", 0.5, "checkpoint")
+    # Every such plan compiled to more than `jax.grad`'s own step (1.08x):
+    # the budget suggested is that step's, which a call at it runs.
+    full = compiled_total(jax.grad(m.loss), m.params, m.batch)
+    assert caught.value.suggested_budget_bytes == full and "no plan found beat" in str(caught.value)
+    plan = jdtr.plan(m.loss, m.params, m.batch, budget=full, implementation="checkpoint", autotune=False)
+    assert plan.segments == () and plan.compiled_bytes <= full
 
 
 def test_convolution_segments_are_gated_without_a_cond_and_keep_their_saving():

@@ -357,17 +357,18 @@ def test_no_plan_fits_suggests_the_smallest_plan_of_any_strategy():
 
 
 def test_where_every_kept_strategy_is_out_of_reach_the_suggestion_still_keeps_the_scan():
-    """A GRU over 128 steps at 0.3 of `jax.grad`'s bytes: every strategy
+    """A GRU over 32 steps at 0.3 of `jax.grad`'s bytes: every strategy
     that keeps its scan is out of reach (`plan_search.out_of_reach`), and
-    the error suggested the unrolled program's smallest plan, 1.36x
-    `jax.grad`'s bytes, where a call at 0.5 suggested 0.53. The strategy
-    with the lowest floor is searched too, and its plan is suggested."""
-    loss, params, x = gru_scan(128, 64, 128)
+    the error suggested the unrolled program's smallest plan, 1.38x
+    `jax.grad`'s bytes (over 128 steps 1.36x, where a call at 0.5 suggested
+    0.53). The strategy with the lowest floor is searched too, and its plan
+    is suggested: 0.82 here, 0.54 over 128 steps."""
+    loss, params, x = gru_scan(32, 64, 128)
     full = compiled_total(jax.grad(loss), params, x)
     with pytest.raises(jdtr.OutOfBudgetError) as caught:
         jdtr.plan(loss, params, x, budget=0.3, autotune=False)
     suggested = caught.value.suggested_budget_bytes
-    assert suggested < 0.6 * full
+    assert suggested < 0.9 * full
     plan = jdtr.plan(loss, params, x, budget=suggested, autotune=False)
     assert plan.compiled_bytes <= suggested and plan.report().count("iterations") >= 1
     assert_trees_close(jax.jit(plan.grad)(params, x), jax.grad(loss)(params, x), rtol=1e-5, atol=1e-6)
