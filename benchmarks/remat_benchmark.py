@@ -129,6 +129,8 @@ def main(argv=None):
             ("ResNet (BatchNorm), 8 blocks, 32 channels, 32x32, batch 16", lambda **kw: models.resnet(8, 32, 32, 16, **kw), 8),
             ("RNN in lax.scan, 64 steps, hidden 256, batch 64", lambda **kw: models.rnn(64, 256, 64, 64, **kw), 64),
             ("Plain CNN, 6 convolutions and ReLU, 32 channels, 32x32, batch 16", lambda **kw: models.plain_cnn(6, 32, 32, 16, **kw), 6),
+            ("MLP chain with dropout 0.1, 12 layers, width 256, batch 1024",
+             lambda **kw: models.mlp_chain(12, 256, 1024, dropout=0.1, **kw), 12),
         ]
     if args.only:
         suite = [entry for entry in suite if any(word.lower() in entry[0].lower() for word in args.only)]

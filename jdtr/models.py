@@ -50,21 +50,36 @@ def _apply_layers(layer: Callable, params: Sequence, x, segment: Optional[Segmen
 
 
 def mlp_chain(
-    layers: int = 64, width: int = 256, batch: int = 2048, seed: int = 0, segment: Optional[Segment] = None, every: int = 1
+    layers: int = 64, width: int = 256, batch: int = 2048, seed: int = 0, segment: Optional[Segment] = None,
+    every: int = 1, dropout: float = 0.0,
 ) -> Model:
     """A deep tanh MLP: the linear chain of Theorem 3.1 in practice.
 
     `segment` wraps each group of `every` layers (for comparisons with
-    `jax.checkpoint`); by default the layers are plain."""
+    `jax.checkpoint`); by default the layers are plain. With `dropout`, each
+    layer drops that fraction of its outputs, with a key split from the
+    batch's (the batch is then (inputs, key))."""
     keys = jax.random.split(jax.random.PRNGKey(seed), layers + 1)
     params = [jax.random.normal(k, (width, width), jnp.float32) / jnp.sqrt(width) for k in keys[:-1]]
     x = jax.random.normal(keys[-1], (batch, width), jnp.float32)
+    if not dropout:
+        def loss(params, x):
+            h = _apply_layers(lambda w, h: jnp.tanh(h @ w), params, x, segment, every)
+            return jnp.mean(h**2)
 
-    def loss(params, x):
-        h = _apply_layers(lambda w, h: jnp.tanh(h @ w), params, x, segment, every)
+        return Model(f"mlp{layers}x{width}_b{batch}", loss, params, x)
+
+    def layer(w, state):
+        h, key = state
+        key, drop = jax.random.split(key)
+        h = jnp.tanh(h @ w)
+        return jnp.where(jax.random.bernoulli(drop, 1 - dropout, h.shape), h / (1 - dropout), 0), key
+
+    def loss(params, batch):
+        h, _ = _apply_layers(layer, params, batch, segment, every)
         return jnp.mean(h**2)
 
-    return Model(f"mlp{layers}x{width}_b{batch}", loss, params, x)
+    return Model(f"mlp{layers}x{width}_b{batch}_dropout{dropout}", loss, params, (x, jax.random.PRNGKey(seed + 1)))
 
 
 def _batch_norm(x, scale, bias, eps=1e-5):

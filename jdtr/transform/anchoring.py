@@ -137,8 +137,8 @@ def _bind(eqn: Any, operands: list, flags: list, anchor: Any, written: bool) -> 
         # lowering broadcasts: a constant again. A literal as its own type (a
         # Python scalar would take JAX's default one).
         operands = [
-            _tie(jnp.asarray(x, a.aval.dtype), anchor) if _jax_core.is_literal(a)
-            else _tie(x, anchor) if made_of_constants else x
+            tie(jnp.asarray(x, a.aval.dtype), anchor) if _jax_core.is_literal(a)
+            else tie(x, anchor) if made_of_constants else x
             for a, x in zip(eqn.invars, operands)
         ]
     subfuns, params = _jax_core.bind_params(eqn)
@@ -146,7 +146,7 @@ def _bind(eqn: Any, operands: list, flags: list, anchor: Any, written: bool) -> 
         outs = eqn.primitive.bind(*subfuns, *operands, **params)
     outs = list(outs) if eqn.primitive.multiple_results else [outs]
     if made_of_constants and not operands:  # (an iota: nothing to tie but its value)
-        outs = [_tie(x, anchor) for x in outs]
+        outs = [tie(x, anchor) for x in outs]
     return outs, made_of_constants
 
 
@@ -160,10 +160,14 @@ def _expands(eqn: Any) -> bool:
     return sum(_jax_core.aval_nbytes(v.aval) for v in eqn.outvars) > read
 
 
-def _tie(x: Any, anchor: Any) -> Any:
+def tie(x: Any, anchor: Any) -> Any:
     """`x`, known only once `anchor` (always true) is: a select between `x`
     and its bitwise complement, which XLA cannot fold (the two differ in
-    every bit, where a select between zeros and zeros folds to zeros)."""
+    every bit, where a select between zeros and zeros folds to zeros). A
+    PRNG key is tied by its key data."""
+    dtype = getattr(x, "dtype", None)
+    if dtype is not None and jax.dtypes.issubdtype(dtype, jax.dtypes.prng_key):
+        return jax.random.wrap_key_data(tie(jax.random.key_data(x), anchor), impl=jax.random.key_impl(x))
     x = jnp.asarray(x)
     if x.dtype == bool or jnp.issubdtype(x.dtype, jnp.integer):
         other = ~x
@@ -171,5 +175,5 @@ def _tie(x: Any, anchor: Any) -> Any:
         bits = jnp.dtype(f"uint{8 * x.dtype.itemsize}")
         other = lax.bitcast_convert_type(~lax.bitcast_convert_type(x, bits), x.dtype)
     else:
-        return x  # (complex numbers, PRNG keys, other extended types: left as they are)
+        return x  # (complex numbers, other extended types: left as they are)
     return lax.select(jnp.broadcast_to(anchor, x.shape), x, other)

@@ -51,7 +51,7 @@ where no plan fits (`plan_search.PlanSearch`), as deep as their groups.
 from __future__ import annotations
 
 import functools
-from typing import Any, Callable, Optional, Sequence
+from typing import Any, Callable, Iterable, Optional, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -59,18 +59,61 @@ from jax import lax
 from jax.ad_checkpoint import checkpoint_name
 
 from . import _jax_core
-from .anchoring import anchored
+from .anchoring import anchored, tie
 from .program import Equation, Program, Value
 from .segments import NAME_PREFIX, SavePolicy, Segment, is_float
 
 
-def _run_items(items: Sequence, env: dict, names: Optional[set] = None, taint: Any = None) -> None:
+# Random bits: XLA makes them (on the CPU, a loop of hash rounds) as soon as
+# their operands exist, and a key is an argument. Made of the key alone,
+# every layer's dropout bits were made at the start of the step and held
+# until their layer ran: a 12-layer MLP with dropout compiled to 54 MiB
+# under `jax.grad`, 31 MiB with masks made from the activations instead, and
+# no plan of it below 32 MiB at 0.5. So in a plan's forward pass they are
+# tied (`anchoring.tie`) to the value computed last before them.
+_RANDOM_BITS = frozenset({"random_bits", "threefry2x32", "rng_bit_generator"})
+
+
+class _Anchor:
+    """The float array computed last (program order) in a scope: what random
+    bits made there are tied to, through a predicate read from one of its
+    elements (always true; XLA cannot tell). With a taint (the "select"
+    gate) the element reads it, so a segment's recomputation of the bits is
+    not its forward twin, which CSE would merge and hold until the backward pass."""
+
+    def __init__(self, constants: Iterable[Value] = ()):
+        self.value: Any = None
+        self.constants = set(constants)  # values of constants alone, which XLA folds: no anchors
+
+    def see(self, values: Sequence[Value], arrays: Sequence[Any], reads: Optional[Sequence[Value]] = None) -> None:
+        """`values` were made (by an equation reading `reads`)."""
+        if reads is not None and all(v in self.constants for v in reads):
+            self.constants.update(values)
+            return
+        for v, array in zip(values, arrays):
+            if is_float(v) and v.shape:
+                self.value = array
+
+    def tie(self, item: Equation, args: list, taint: Any) -> list:
+        if self.value is None or item.name not in _RANDOM_BITS:
+            return args
+        element = _an_element([self.value]).astype(jnp.float32)
+        if taint is not None:
+            element = element + taint.astype(jnp.float32)
+        predicate = (lax.bitcast_convert_type(element, jnp.int32) | 1) != 0
+        return [tie(a, predicate) for a in args]
+
+
+def _run_items(
+    items: Sequence, env: dict, names: Optional[set] = None, taint: Any = None, anchor: Optional[_Anchor] = None
+) -> None:
     """Evaluates program items on traced values; names the outputs in `names`.
 
     With a `taint` (the "select" gate), an equation that reads no value the
     backward pass recomputes (only the segment's inputs and the values it
     saves, `names`) gets it added to its smallest float operand; the others
-    read a recomputed value already, which differs from its forward twin."""
+    read a recomputed value already, which differs from its forward twin.
+    With an `anchor`, random bits are tied to the value made last before them."""
     recomputed: set = set()
     for item in items:
         if isinstance(item, Equation):
@@ -79,7 +122,11 @@ def _run_items(items: Sequence, env: dict, names: Optional[set] = None, taint: A
                 if not any(v in recomputed for v in item.args):
                     _add_taint(args, taint)
                 recomputed.update(v for v in item.outputs if names is None or v not in names)
+            if anchor is not None:
+                args = anchor.tie(item, args, taint)
             outs = item.trace(*args)
+            if anchor is not None:
+                anchor.see(item.outputs, outs, item.args)
             for v, out in zip(item.outputs, outs):
                 if names is not None and v in names:
                     out = checkpoint_name(out, NAME_PREFIX + str(v.id))
@@ -91,6 +138,8 @@ def _run_items(items: Sequence, env: dict, names: Optional[set] = None, taint: A
             outs = lax.switch(jnp.clip(env_index, 0, len(branches) - 1), branches, *operands)
             for v, out in zip(item.outputs, outs):
                 env[v] = out
+            if anchor is not None:
+                anchor.see(item.outputs, outs)
 
 
 def _add_taint(args: list, taint: Any) -> None:
@@ -152,11 +201,13 @@ def run_segments(
     consts = dict(program.consts)
     env.update(consts)
     done = 0  # equations outside every segment run as they are (all of them in a plan without remat)
+    anchor = _Anchor(consts)
     for seg in segments:
-        _run_items(program.body[done : seg.start], env)
+        _run_items(program.body[done : seg.start], env, anchor=anchor)
         _run_segment(program, seg, env, consts, implementation, gate)
+        anchor.see(seg.outputs, [env[v] for v in seg.outputs])
         done = seg.stop
-    _run_items(program.body[done:], env)
+    _run_items(program.body[done:], env, anchor=anchor)
     return [env[a] if isinstance(a, Value) else jnp.asarray(a.value) for a in program.outputs]
 
 
@@ -180,11 +231,15 @@ def _run_segment(
     def body(*xs):
         own, xs = (xs[0], xs[1:]) if selected else (None, xs)
         local = {**consts, **dict(zip(inputs, xs))}
+        ordered = sorted(inputs, key=lambda v: v.id)  # values are numbered in program order
+        anchor = _Anchor(consts)
+        anchor.see(ordered, [local[v] for v in ordered])
         if seg.children:
             for child in seg.children:
                 _run_segment(program, child, local, consts, implementation, gate, own)
+                anchor.see(child.outputs, [local[v] for v in child.outputs])
         else:
-            _run_items(program.body[seg.start : seg.stop], local, set(seg.saved), own)
+            _run_items(program.body[seg.start : seg.stop], local, set(seg.saved), own, anchor)
         return [local[v] for v in seg.outputs]
 
     args = [env[v] for v in inputs]
