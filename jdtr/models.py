@@ -57,8 +57,9 @@ def mlp_chain(
 
     `segment` wraps each group of `every` layers (for comparisons with
     `jax.checkpoint`); by default the layers are plain. With `dropout`, each
-    layer drops that fraction of its outputs, with a key split from the
-    batch's (the batch is then (inputs, key))."""
+    layer drops that fraction of its outputs, with the batch's key folded
+    with a count of the layers (as `nnx.Rngs` draws its keys; the batch is
+    then (inputs, key))."""
     keys = jax.random.split(jax.random.PRNGKey(seed), layers + 1)
     params = [jax.random.normal(k, (width, width), jnp.float32) / jnp.sqrt(width) for k in keys[:-1]]
     x = jax.random.normal(keys[-1], (batch, width), jnp.float32)
@@ -70,13 +71,14 @@ def mlp_chain(
         return Model(f"mlp{layers}x{width}_b{batch}", loss, params, x)
 
     def layer(w, state):
-        h, key = state
-        key, drop = jax.random.split(key)
+        h, key, count = state
         h = jnp.tanh(h @ w)
-        return jnp.where(jax.random.bernoulli(drop, 1 - dropout, h.shape), h / (1 - dropout), 0), key
+        keep = jax.random.bernoulli(jax.random.fold_in(key, count), 1 - dropout, h.shape)
+        return jnp.where(keep, h / (1 - dropout), 0), key, count + 1
 
     def loss(params, batch):
-        h, _ = _apply_layers(layer, params, batch, segment, every)
+        x, key = batch
+        h, _, _ = _apply_layers(layer, params, (x, key, jnp.uint32(0)), segment, every)
         return jnp.mean(h**2)
 
     return Model(f"mlp{layers}x{width}_b{batch}_dropout{dropout}", loss, params, (x, jax.random.PRNGKey(seed + 1)))

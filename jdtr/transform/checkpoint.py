@@ -191,28 +191,37 @@ def gates_differ(program: Program, segments: Sequence[Segment], implementation: 
     return protects(implementation) and any(_recomputes_a_convolution(program, seg) for seg in segments)
 
 
+def makes_random_bits(program: Program) -> bool:
+    """Whether the program's forward pass makes random bits (which a plan may tie)."""
+    return any(isinstance(item, Equation) and item.name in _RANDOM_BITS for item in program.body)
+
+
 def run_segments(
-    program: Program, segments: Sequence[Segment], leaves: Sequence[Any], implementation: str, gate: str = "auto"
+    program: Program, segments: Sequence[Segment], leaves: Sequence[Any], implementation: str, gate: str = "auto",
+    tied: bool = False,
 ):
     """Evaluates the forward program segment by segment, each in its own
-    checkpoint (protected ones gated by `gate`, one of `GATES`)."""
+    checkpoint (protected ones gated by `gate`, one of `GATES`); with
+    `tied`, random bits tied to the value made before them (`_Anchor`)."""
     implementation = "protected" if protects(implementation) else "checkpoint"
     env = dict(zip(program.inputs, leaves))
     consts = dict(program.consts)
     env.update(consts)
     done = 0  # equations outside every segment run as they are (all of them in a plan without remat)
-    anchor = _Anchor(consts)
+    anchor = _Anchor(consts) if tied else None
     for seg in segments:
         _run_items(program.body[done : seg.start], env, anchor=anchor)
-        _run_segment(program, seg, env, consts, implementation, gate)
-        anchor.see(seg.outputs, [env[v] for v in seg.outputs])
+        _run_segment(program, seg, env, consts, implementation, gate, tied=tied)
+        if anchor is not None:
+            anchor.see(seg.outputs, [env[v] for v in seg.outputs])
         done = seg.stop
     _run_items(program.body[done:], env, anchor=anchor)
     return [env[a] if isinstance(a, Value) else jnp.asarray(a.value) for a in program.outputs]
 
 
 def _run_segment(
-    program: Program, seg: Segment, env: dict, consts: dict, implementation: str, gate: str, taint: Any = None
+    program: Program, seg: Segment, env: dict, consts: dict, implementation: str, gate: str, taint: Any = None,
+    tied: bool = False,
 ) -> None:
     """Runs `seg` in its own checkpoint (its children nested inside); adds its outputs to `env`.
 
@@ -231,14 +240,15 @@ def _run_segment(
     def body(*xs):
         own, xs = (xs[0], xs[1:]) if selected else (None, xs)
         local = {**consts, **dict(zip(inputs, xs))}
-        ordered = sorted(inputs, key=lambda v: v.id)  # values are numbered in program order
-        anchor = _Anchor(consts)
-        anchor.see(ordered, [local[v] for v in ordered])
         if seg.children:
             for child in seg.children:
-                _run_segment(program, child, local, consts, implementation, gate, own)
-                anchor.see(child.outputs, [local[v] for v in child.outputs])
+                _run_segment(program, child, local, consts, implementation, gate, own, tied)
         else:
+            anchor = None
+            if tied:
+                ordered = sorted(inputs, key=lambda v: v.id)  # values are numbered in program order
+                anchor = _Anchor(consts)
+                anchor.see(ordered, [local[v] for v in ordered])
             _run_items(program.body[seg.start : seg.stop], local, set(seg.saved), own, anchor)
         return [local[v] for v in seg.outputs]
 

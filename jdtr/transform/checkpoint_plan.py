@@ -94,6 +94,10 @@ class Plan:
         gates every one by the taint (segments nested to the left where no
         plan fits a program without convolutions: XLA holds the temporaries
         of nested conds at once).
+      tied: whether random bits in the forward pass are tied to the value
+        made before them (`checkpoint._Anchor`), which keeps XLA from making
+        every layer's at the start of the step; measured where a plan
+        without it is over the budget (it can serialize them and slow the step).
       scans: the scans kept whole (`jdtr.transform.scans`): each runs outside
         the segments, its iterations keeping what its strategy says.
       function: where `jax.grad`'s own step fits (origin "none"), the
@@ -115,6 +119,7 @@ class Plan:
     timings: tuple[Timing, ...] = ()
     origin: str = "dtr"
     gate: str = "auto"  # how protected segments are gated (`checkpoint.GATES`)
+    tied: bool = False  # random bits tied to the value made before them
     scans: tuple[KeptScan, ...] = ()  # scans kept whole, outside the segments, each under its strategy
     function: Optional[Callable] = dataclasses.field(default=None, repr=False)
 
@@ -169,7 +174,7 @@ class Plan:
             return self.function(*args, **kwargs)
         config = self._config
         leaves = config.traced_leaves(args, kwargs)
-        outs = run_segments(self.program, self.segments, leaves, config.implementation, self.gate)
+        outs = run_segments(self.program, self.segments, leaves, config.implementation, self.gate, self.tied)
         return config.unflatten_outputs(outs)
 
     def value_and_grad(self, *args, **kwargs):
@@ -249,4 +254,4 @@ def layout(plan: Plan) -> tuple:
     def of(segments: Sequence[Segment]) -> tuple:
         return tuple((seg.start, seg.stop, tuple(v.id for v in seg.saved), of(seg.children)) for seg in segments)
 
-    return (plan.gate, of(plan.segments))
+    return (plan.gate, plan.tied, of(plan.segments))

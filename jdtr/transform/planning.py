@@ -502,7 +502,7 @@ def _grad_of(plan: Plan, config: Config, traced):
     positions = config.arguments.traced_argnums
 
     def f(*leaves):
-        outs = run_segments(plan.program, plan.segments, leaves, config.implementation, plan.gate)
+        outs = run_segments(plan.program, plan.segments, leaves, config.implementation, plan.gate, plan.tied)
         return (outs[0], outs[1:]) if config.has_aux else outs[0]
 
     return jax.grad(f, positions, has_aux=config.has_aux)(*traced)
