@@ -69,8 +69,9 @@ from .segments import NAME_PREFIX, SavePolicy, Segment, is_float
 # every layer's dropout bits were made at the start of the step and held
 # until their layer ran: a 12-layer MLP with dropout compiled to 54 MiB
 # under `jax.grad`, 31 MiB with masks made from the activations instead, and
-# no plan of it below 32 MiB at 0.5. So in a plan's forward pass they are
-# tied (`anchoring.tie`) to the value computed last before them.
+# no plan of it below 32 MiB at 0.5. So in a plan's forward pass they can
+# be tied (`anchoring.tie`) to the value computed last before them
+# (`Plan.tied`, which the search measures where a plan untied is over).
 _RANDOM_BITS = frozenset({"random_bits", "threefry2x32", "rng_bit_generator"})
 
 
