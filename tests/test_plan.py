@@ -956,7 +956,7 @@ def test_where_the_search_finds_none_it_takes_the_fitting_plan_measured_before()
 
     def plan(gate, nbytes):
         segment = SimpleNamespace(start=0, stop=nbytes, saved=(), children=())
-        return SimpleNamespace(gate=gate, compiled_bytes=nbytes, segments=(segment,))
+        return SimpleNamespace(gate=gate, tied=False, compiled_bytes=nbytes, segments=(segment,))
 
     search = PlanSearch.__new__(PlanSearch)
     search.target = 1000
