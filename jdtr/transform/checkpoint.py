@@ -101,8 +101,7 @@ class _Anchor:
         element = _an_element([self.value]).astype(jnp.float32)
         if taint is not None:
             element = element + taint.astype(jnp.float32)
-        predicate = (lax.bitcast_convert_type(element, jnp.int32) | 1) != 0
-        return [tie(a, predicate) for a in args]
+        return [tie(a, _undecided(element)) for a in args]
 
 
 def _run_items(
@@ -275,6 +274,12 @@ def _an_element(arrays: Sequence[Any]) -> Any:
     return jnp.ravel(smallest)[0]
 
 
+def _undecided(element: Any) -> Any:
+    """A predicate read from a scalar's bits, or-ed with 1: always true;
+    XLA cannot tell."""
+    return (lax.bitcast_convert_type(element.astype(jnp.float32), jnp.int32) | 1) != 0
+
+
 def _recomputes_a_convolution(program: Program, seg: Segment) -> bool:
     """Whether `seg` (its nested segments included) holds a convolution."""
     items = program.body[seg.start : seg.stop]
@@ -324,9 +329,7 @@ def _protected_checkpoint(
         if not leaves:  # no float output with an element: nothing flows back
             grads = zeros(vjp_fn, cotangents)
         else:
-            leaf = _an_element(leaves)
-            bits = lax.bitcast_convert_type(leaf.astype(jnp.float32), jnp.int32)
-            undecided = (bits | 1) != 0  # always true; XLA cannot tell
+            undecided = _undecided(_an_element(leaves))
             if gate != "cond":
                 # `vjp_fn` is a pytree whose leaves are the residuals: the
                 # taint among them becomes a zero XLA cannot see. (Were it not
