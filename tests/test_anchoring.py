@@ -171,7 +171,8 @@ def test_random_bits_of_a_key_argument_are_made_where_their_layer_runs(typed):
     analysis = jax.jit(jax.grad(loss)).lower(ws, x, key).compile().memory_analysis()
     full = analysis.argument_size_in_bytes + analysis.output_size_in_bytes + analysis.temp_size_in_bytes
     plan = jdtr.plan(loss, ws, x, key, budget=0.5, autotune=False)
-    assert plan.tied and plan.compiled_bytes <= 0.5 * full
+    assert plan.tied and plan.compiled_bytes <= 0.5 * full, plan.report()
+    assert "random bits: each made where its layer runs" in plan.report()
     got, expected = jax.jit(plan.grad)(ws, x, key), jax.jit(jax.grad(loss))(ws, x, key)
     for a, b in zip(got, expected):
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-7)

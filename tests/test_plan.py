@@ -1145,3 +1145,29 @@ def test_a_left_nesting_is_the_least_recompute_of_every_source_that_fits(monkeyp
     # No nesting of uniform leaves that recomputes less than the plan fits.
     assert search._bisect_groups(uniform, below=recompute_cost(forward, plan.segments)) is None, plan.report()
     assert_trees_close(jax.jit(plan.grad)(m.params, m.batch), jax.grad(m.loss)(m.params, m.batch), rtol=1e-4, atol=1e-6)
+
+
+def test_the_cuts_of_a_program_are_the_same_with_its_ranges_cached_or_not(monkeypatch):
+    """`segments` keeps, per program, the values of every run of equations
+    it cut (the search cuts one forward body at every simulated budget),
+    dropped past `RANGE_VALUES_MAX`: a plan cut with that bound at 1 (no
+    range kept beyond the last one) is the plan cut with them kept, nested
+    segments included."""
+    from jdtr.transform import segments as segmentation
+    from jdtr.transform.checkpoint_plan import layout
+
+    m = model("mlp")
+
+    def planned():  # at 0.25, as `test_nested_segments_where_no_flat_plan_fits`
+        fresh = lambda params, batch: m.loss(params, batch)  # noqa: E731 (a new trace, a new program)
+        return jdtr.plan(fresh, m.params, m.batch, budget=0.25, autotune=False)
+
+    kept = planned()
+    assert any(seg.children for seg in kept.segments), kept.report()  # the nesting search ran
+    held = [c.range_values for c in segmentation._CROSSINGS.values()]
+    monkeypatch.setattr(segmentation, "RANGE_VALUES_MAX", 1)
+    bounded = planned()
+    assert layout(bounded) == layout(kept) and bounded.compiled_bytes == kept.compiled_bytes
+    assert max(held) > 1000  # what the bound dropped
+    programs = [c for p, c in segmentation._CROSSINGS.items() if p is bounded.program]
+    assert programs and all(len(c.ranges) <= 1 for c in programs)

@@ -202,6 +202,8 @@ class Plan:
             head = f"{len(self.segments)} segments, {simulation}"
         lines = [f"jdtr plan: budget {format_bytes(self.budget_bytes)}, {head}"]
         lines.extend(kept.describe() for kept in self.scans)
+        if self.tied:
+            lines.append("random bits: each made where its layer runs, tied to the value made before it")
         if self.compiled_bytes is not None:
             lines.append(
                 f"compiled step: {format_bytes(self.compiled_bytes)} (arguments + outputs + temporaries; "

@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from dataclasses import dataclass
+import weakref
+from dataclasses import dataclass, field
 from typing import Mapping, Optional, Sequence
 
 import jax.numpy as jnp
@@ -114,9 +115,31 @@ class _Crossings:
     defined_at: dict
     last_use: dict
     live: list  # live[i]: values crossing a cut placed before item i (i = 1..n-1)
+    # (start, stop) -> the values made in that run of items, those it reads
+    # from before it and those read after it (`_segment`): what is saved
+    # does not change them.
+    ranges: dict = field(default_factory=dict)
+    range_values: int = 0  # the references `ranges` holds, bounded by RANGE_VALUES_MAX
+
+
+# One per program (its body is not changed once built): the search cuts the
+# same forward body for every simulated budget it tries. Planning a
+# transformer in `nnx.scan` at 12 MiB cut it 148 times, building 818k
+# segments, most of them of ranges seen in an earlier cut.
+_CROSSINGS: "weakref.WeakKeyDictionary[Program, _Crossings]" = weakref.WeakKeyDictionary()
+# A program's `ranges` are dropped past this many value references (8 bytes
+# each): a 430-equation GPT's search held 118k of them.
+RANGE_VALUES_MAX = 4_000_000
 
 
 def _crossings(program: Program) -> _Crossings:
+    found = _CROSSINGS.get(program)
+    if found is None:
+        found = _CROSSINGS[program] = _liveness_at_cuts(program)
+    return found
+
+
+def _liveness_at_cuts(program: Program) -> _Crossings:
     body = program.body
     defined_at, last_use = definitions(program), last_reads(program)
     live_now: set[Value] = set()
@@ -185,26 +208,45 @@ def _segment(
     if memo is not None and key in memo:
         fields = memo[key]
     else:
-        body = program.body
-        inside = [v for item in body[start:stop] for v in item.outputs]
-        inside_set = set(inside)
-        reads = []
-        for item in body[start:stop]:
-            for v in item.args:
-                if v not in inside_set and v not in reads:
-                    reads.append(v)
-        leaving = tuple(v for v in inside if crossings.last_use.get(v, -1) >= stop)
-        kept = set() if children else saved
+        inside, reads, leaving = _range(program, crossings, start, stop)
+        staying = [v for v in inside if v not in leaving]
+        kept = () if children else saved
         fields = (
-            tuple(reads),
-            leaving,
-            tuple(v for v in inside if v in kept and v not in leaving),
-            tuple(v for v in inside if v not in kept and v not in leaving and v in residuals),
+            reads,
+            tuple(leaving),
+            tuple(v for v in staying if v in kept),
+            tuple(v for v in staying if v not in kept and v in residuals),
         )
         if memo is not None:
             memo[key] = fields
     inputs, outputs, kept_inside, recomputed = fields
     return Segment(index, start, stop, inputs, outputs, kept_inside, recomputed, tuple(children))
+
+
+def _range(program: Program, crossings: _Crossings, start: int, stop: int) -> tuple[tuple, tuple, dict]:
+    """The values items [start, stop) make, in order; those they read from
+    before them, in order of first read; and those read after them (as a
+    dict: ordered, and read by membership)."""
+    found = crossings.ranges.get((start, stop))
+    if found is None:
+        items = program.body[start:stop]
+        inside = tuple(v for item in items for v in item.outputs)
+        inside_set = set(inside)
+        reads: dict = {}
+        for item in items:
+            for v in item.args:
+                if v not in inside_set:
+                    reads[v] = None
+        last_use = crossings.last_use
+        leaving = {v: None for v in inside if last_use.get(v, -1) >= stop}
+        found = (inside, tuple(reads), leaving)
+        size = len(inside) + len(reads) + len(leaving)
+        if crossings.range_values + size > RANGE_VALUES_MAX:
+            crossings.ranges.clear()
+            crossings.range_values = 0
+        crossings.ranges[(start, stop)] = found
+        crossings.range_values += size
+    return found
 
 
 def _build_segments(
@@ -240,15 +282,20 @@ def fixed_bytes(program: Program, gradient_bytes: int) -> int:
     return program.held_bytes + gradient_bytes
 
 
-def _transient_bytes(seg: Segment, kept: frozenset) -> int:
+def _transient_bytes(seg: Segment, kept: frozenset, held: frozenset = frozenset()) -> int:
     """What a segment's backward pass holds beyond the values kept for the
     whole step: its recomputed values, or, with children, their inputs and
-    saved values and then the largest child's own."""
+    saved values and then the largest child's own. (`held`: what the levels
+    above hold meanwhile; apart from `kept`, which is the whole step's and
+    large, so that no level copies it.)"""
     if not seg.children:
         return sum(v.nbytes for v in seg.recomputed)
-    inner = {v for c in seg.children for v in (*c.inputs, *c.saved)} - kept - set(seg.inputs)
-    nested = kept | inner
-    return sum(v.nbytes for v in inner) + max(_transient_bytes(c, nested) for c in seg.children)
+    # (a set's difference iterates over the smaller side: `kept` is not walked)
+    inner = {v for c in seg.children for v in (*c.inputs, *c.saved)} - kept
+    inner -= held
+    inner.difference_update(seg.inputs)
+    nested = held | inner
+    return sum(v.nbytes for v in inner) + max(_transient_bytes(c, kept, nested) for c in seg.children)
 
 
 def predicted_bytes(
