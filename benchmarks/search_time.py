@@ -2,8 +2,9 @@
 
 Plans each model at each budget with `autotune=False` (the search alone:
 DTR's simulations, the cuts, the candidates compiled), prints the seconds
-and what was found, and writes every plan's segments (equation ranges,
-input and saved value ids, nesting) to `--dump` as JSON, so that two
+and what was found, and writes every plan's `checkpoint_plan.layout` (its
+gate, its tie, and its segments' ranges, saved value ids and nesting) and
+every error's suggestion to `--dump` as JSON, so that two
 versions of jdtr can be checked to plan the same: run it under each (for
 example with `PYTHONPATH` at a checkout of the other) and compare the files.
 
@@ -21,6 +22,7 @@ import jax.numpy as jnp
 
 import jdtr
 from jdtr import models
+from jdtr.transform.checkpoint_plan import layout
 
 
 def scan_transformer():
@@ -68,10 +70,6 @@ CASES = {
 }
 
 
-def layout(seg):
-    return [seg.start, seg.stop, sorted(v.id for v in seg.inputs), sorted(v.id for v in seg.saved), [layout(c) for c in seg.children]]
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("models", nargs="*", default=["resnet", "transformer", "scan_tf"])
@@ -88,7 +86,7 @@ def main() -> None:
             start = time.perf_counter()
             try:
                 plan = jdtr.plan(loss, *args, budget=budget, autotune=False)
-                row = {"segments": [layout(s) for s in plan.segments], "bytes": plan.compiled_bytes}
+                row = {"layout": layout(plan), "bytes": plan.compiled_bytes}
                 said = f"{len(plan.segments)} segments, {plan.compiled_bytes} bytes"
             except jdtr.OutOfBudgetError as err:
                 row = {"suggested": err.suggested_budget_bytes}
