@@ -48,6 +48,7 @@ from ..oplog import Floor, Trace, TraceRecorder, floor
 from .collection import collection_paused
 from .lowering import BranchRead, lower, lower_by_path, recording, simulation
 from .program import Equation, Program
+from .suggestion import suggest_budget
 
 # The portfolio of `heuristic="auto"`, in order of preference between equals:
 # the lookahead heuristic first (it won on most logs, docs/heuristics.md),
@@ -88,9 +89,6 @@ OPTIMAL_WORTH_ABOVE = 1.2
 # budget, two rounds and one raised or fitted alike). docs/benchmarks.md.
 OPTIMAL_ROUNDS_WITHOUT_A_FIT = 1
 
-# The suggested budget is searched by bisection to within this fraction of
-# the unconstrained peak.
-SUGGESTION_TOLERANCE = 1 / 256
 # A structure's first plan keeps the first candidate within this overhead
 # (cost-model units): DTR's usual at half the peak (docs/benchmarks.md), well
 # short of thrashing (the lookahead's 6.2 on an MLP at 0.47, test_planned).
@@ -544,34 +542,7 @@ def observe(plan: PlannedRun, program: Program, owned: Sequence[bool], dealloc: 
 def _suggest_budget(
     simulate: _Simulation, tried: Sequence[Union[str, Heuristic]], failed: int, overhead: float = SUGGESTION_OVERHEAD_LIMIT
 ) -> int:
-    """The least budget (within `SUGGESTION_TOLERANCE` of the peak) at which a
-    candidate fits within `overhead`, found by bisection between one that
-    failed and the unconstrained peak (the heuristics probed, not the solver:
-    a probe each)."""
-    limit = simulate.workload.baseline.cost * (overhead - 1.0)
-    heuristics = [c for c in tried if c != OPTIMAL]
-
-    def fits(budget: int) -> bool:
-        if budget < simulate.floor.total_bytes:
-            return False  # no run fits: none is simulated (the bisection's probes are those it would make)
-        for candidate in heuristics:
-            if simulate(budget, candidate, remat_limit=limit)[0].ok:
-                # Tried first from now on: the one that fit a budget most often
-                # fits the next, a little lower (the answer is the same in any order).
-                heuristics.remove(candidate)
-                heuristics.insert(0, candidate)
-                return True
-        return False
-
-    peak = simulate.workload.baseline.peak_bytes
-    low, high = failed, max(peak, failed + 1)
-    while not fits(high):  # the unconstrained peak fits by construction; this guards literals it omits
-        low, high = high, 2 * high
-    step = max(int(peak * SUGGESTION_TOLERANCE), 1)
-    while high - low > step:
-        middle = (low + high) // 2
-        if fits(middle):
-            high = middle
-        else:
-            low = middle
-    return high
+    """The least budget above `failed` (within the suggestion's tolerance of
+    the peak) at which a candidate fits within `overhead`
+    (`suggestion.suggest_budget`: the heuristics probed, not the solver)."""
+    return suggest_budget(simulate, [c for c in tried if c != OPTIMAL], failed, overhead)
