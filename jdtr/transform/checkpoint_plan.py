@@ -25,9 +25,10 @@ class PolicyWarning(UserWarning):
     * the plan both saves and recomputes values of one shape signature (the
       same layer's output in different layers, unrolled), and a policy of
       signatures saves them all;
-    * it keeps a scan as nested levels of checkpointed segments, which no
-      policy on the scan's body can express (applied there, it saves each
-      iteration's carry, as the one-level strategy does).
+    * it keeps a scan as nested levels of checkpointed segments, or runs a
+      scan's body in rematerialized pieces, which no policy on the scan's
+      body can express (applied there, it saves each iteration's carry, as
+      the one-level "carry" strategy does).
 
     Attributes:
       mixed: per (primitive, input shapes and dtypes), (how many such values
@@ -52,7 +53,8 @@ class PolicyWarning(UserWarning):
         if nested:
             said.append(
                 f"plan.policy cannot express the plan's {len(nested)} scan(s) kept as nested levels of "
-                "checkpointed segments (" + "; ".join(nested) + "): applied to a scan's body, it saves every "
+                "checkpointed segments or run in rematerialized pieces (" + "; ".join(nested) + "): applied to a "
+                "scan's body, it saves every "
                 "iteration's carry, more than the plan."
             )
         super().__init__(
@@ -153,7 +155,7 @@ class Plan:
                 strategy = scan.strategy if scan is not None else ScanStrategy()
                 for sig, is_saved in body_decisions(item, strategy):
                     (saved if is_saved else recomputed)[sig] += 1
-                if strategy.levels > 1:
+                if not strategy.expressible:
                     nested.append(scan.describe())
                 continue
             sig = signature(item.name, item.args)

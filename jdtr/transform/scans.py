@@ -12,14 +12,20 @@ run outside every checkpoint segment, under a `ScanStrategy`:
   batch dimensions), the rest recomputed per iteration in the backward scan;
 * "carry": the body under `jax.checkpoint` saving nothing, so only its
   inputs (the carry, per iteration) are kept;
-* "carry" in 2 (or 3) levels: a scan of scans, T/k outer iterations of a
+* "pieces": the body cut into pieces, each rematerialized alone (saving
+  only its inputs), so each iteration keeps the pieces' inputs and its backward pass
+  holds one piece's residuals, not the whole iteration's
+  (`body_pieces.py`: where one iteration's working set is the floor);
+* "carry" (or "pieces") in 2 (or 3) levels: a scan of scans, T/k outer iterations of a
   checkpointed inner scan of k = sqrt(T): the outer level keeps only the
   carries at segment boundaries, and the backward pass of one segment holds
   k carries (Chen et al.'s sqrt(T)); in 3 levels, T^(1/3) at each. Its
   backward pass is written out (`segmented_scan`), so that every level
   shares one accumulator of the constants' cotangents.
 
-Each saves less than the one before and recomputes more. The planner takes
+Each saves less than the one before and recomputes more ("pieces" keeps
+more than "carry" per iteration and holds less while an iteration's
+backward pass runs; both recompute the forward pass once). The planner takes
 them in that order and keeps the first whose compiled step fits the budget
 (`planning.make_plan`). The program stays a scan, so planning and compile
 time do not grow with T.
@@ -46,6 +52,7 @@ from jax import lax
 from ..runtime import format_bytes
 from . import _jax_core
 from ._jax_core import ScanLayout
+from .body_pieces import CutBody, cut_body
 from .program import Const, Equation, Program, signature
 from .segmented_scan import segmented_scan
 
@@ -54,11 +61,16 @@ from .segmented_scan import segmented_scan
 class ScanStrategy:
     """What every iteration of a kept scan keeps for the backward pass."""
 
-    saves: str = "all"  # "all", "dots" or "carry"
+    saves: str = "all"  # "all", "dots", "carry" or "pieces"
     levels: int = 1  # nested scans (2: a scan of checkpointed segments of about sqrt(T) iterations)
 
     def describe(self, length: int) -> str:
-        kept = {"all": "every residual", "dots": "its matmul outputs", "carry": "its carry"}[self.saves]
+        kept = {
+            "all": "every residual",
+            "dots": "its matmul outputs",
+            "carry": "its carry",
+            "pieces": "the inputs of the rematerialized pieces its body is cut into",
+        }[self.saves]
         k = _inner_length(length, self.levels)
         nested = f", in {self.levels} nested levels of checkpointed segments ({k} iterations each)" if k > 1 else ""
         return f"each iteration saves {kept}{nested}"
@@ -70,12 +82,27 @@ class ScanStrategy:
             "all": jax.checkpoint_policies.everything_saveable,
             "dots": jax.checkpoint_policies.dots_with_no_batch_dims_saveable,
             "carry": jax.checkpoint_policies.nothing_saveable,
+            # (no policy on the body cuts it: applied there, it saves the carry)
+            "pieces": jax.checkpoint_policies.nothing_saveable,
         }[self.saves]
+
+    @property
+    def expressible(self) -> bool:
+        """Whether a policy on the scan's body means this strategy (not
+        nested levels, not pieces: structures no policy can make)."""
+        return self.levels == 1 and self.saves != "pieces"
 
 
 # Least recompute first: the planner keeps the first whose step fits.
 STRATEGIES = (
-    ScanStrategy("all"), ScanStrategy("dots"), ScanStrategy("carry"), ScanStrategy("carry", 2), ScanStrategy("carry", 3)
+    ScanStrategy("all"),
+    ScanStrategy("dots"),
+    ScanStrategy("carry"),
+    ScanStrategy("pieces"),
+    ScanStrategy("carry", 2),
+    ScanStrategy("pieces", 2),
+    ScanStrategy("carry", 3),
+    ScanStrategy("pieces", 3),
 )
 
 
@@ -115,7 +142,14 @@ def run_scan(layout: ScanLayout, strategy: ScanStrategy, *args):
     num_consts, num_carry, length, reverse = layout.num_consts, layout.num_carry, layout.length, layout.reverse
     consts, carry, xs = args[:num_consts], args[num_consts : num_consts + num_carry], args[num_consts + num_carry :]
     fun = _jax_core.jaxpr_function(layout.body)
-    if strategy.levels > 1 and not reverse:
+    # "pieces": each piece rematerialized, the iteration not (`body_pieces`:
+    # CSE); where the body has no cut worth making, it runs as "carry" would.
+    pieces = body_cut(layout, strategy)
+    if pieces is not None:
+        fun = pieces.function()
+    elif strategy.saves == "pieces":
+        strategy = dataclasses.replace(strategy, saves="carry")
+    if strategy.levels > 1 and not reverse and pieces is None:
         # Nested segments with one accumulator of the constants' cotangents
         # (`segmented_scan`); a reverse scan keeps `jax.checkpoint`'s nesting.
         body = lambda *a: list(fun(*a))  # noqa: E731
@@ -129,10 +163,17 @@ def run_scan(layout: ScanLayout, strategy: ScanStrategy, *args):
         outs = fun(*consts, *c, *x)
         return list(outs[:num_carry]), list(outs[num_carry:])
 
-    if strategy.saves != "all":
+    if strategy.saves != "all" and pieces is None:
         step = jax.checkpoint(step, policy=strategy.policy, prevent_cse=False)
     carry, ys = _nested_scan(step, list(carry), list(xs), length, strategy.levels, reverse)
     return [*carry, *ys]
+
+
+def body_cut(layout: ScanLayout, strategy: ScanStrategy) -> Optional[CutBody]:
+    """The pieces a scan's body runs in under `strategy` (None: whole)."""
+    if strategy.saves != "pieces":
+        return None
+    return cut_body(layout.body, layout.num_consts, layout.num_carry, held_iterations(layout.length, strategy.levels))
 
 
 def _nested_scan(step, carry: list, xs: list, length: int, levels: int, reverse: bool):
@@ -184,6 +225,16 @@ def _inner_length(length: int, levels: int) -> int:
     divisors = [d for d in range(2, length) if length % d == 0 and ideal / 2 <= d <= ideal * 2]
     k = min(divisors, key=lambda d: abs(math.log(d / ideal))) if divisors else round(ideal)
     return k if 1 < k < length else 1
+
+
+def held_iterations(length: int, levels: int) -> int:
+    """Iterations whose saved values a `levels`-deep scan's backward pass
+    holds at once: all of them in one level, else an innermost segment's."""
+    k = _inner_length(length, levels)
+    while k > 1:
+        length, levels = k, levels - 1
+        k = _inner_length(length, levels)
+    return length
 
 
 def levels_within(length: int, levels: int, shortest: int) -> int:
@@ -288,8 +339,19 @@ def _measure(equation: Equation, strategy: ScanStrategy, one: int, described: tu
     # strategy also holds one segment's carries at each inner level.
     carry = body_specs[num_consts : num_consts + num_carry]
     carry_bytes = sum(_jax_core.aval_nbytes(s) for s in carry)
-    transient = cotangents + one + carry_bytes * (1 + carries_held(layout.length, strategy.levels))
-    if strategy.saves == "carry":
+    held = carry_bytes * (1 + carries_held(layout.length, strategy.levels))
+    pieces = body_cut(layout, strategy)
+    if pieces is not None:
+        # One piece's residuals at a time, and, nested, the pieces' inputs
+        # of an innermost segment's iterations (one level: in `kept`).
+        largest = max(hidden_residuals(fn, specs)[0] for fn, specs in pieces.each_piece())
+        saved = pieces.saved_inputs()
+        per_iteration = sum(_jax_core.aval_nbytes(aval) for aval, _ in saved)
+        inner = held_iterations(layout.length, strategy.levels) if strategy.levels > 1 else 0
+        described = tuple(f"{_short(s)} (carry)" for s in carry) + tuple(f"{_short(a)} ({what})" for a, what in saved)
+        return ScanMemory(kept, cotangents + largest + held + inner * per_iteration, described)
+    transient = cotangents + one + held
+    if strategy.saves in ("carry", "pieces"):
         described = tuple(f"{_short(s)} (carry)" for s in carry)
     else:
         saving = jax.checkpoint(_step(equation), policy=strategy.policy)
