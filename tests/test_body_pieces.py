@@ -149,3 +149,21 @@ def test_plan_and_grad_run_the_scan_in_pieces_between_the_two_floors():
     assert "pieces" in stats.scans, stats.scans
     assert stats.live_peak_bytes <= stats.budget_bytes
     assert_trees_close(grads, reference, rtol=1e-5, atol=1e-6)
+
+
+def test_pieces_with_no_cut_are_the_carry_strategy_to_the_planner():
+    """A body no cut helps (an RNN cell: every value crosses) runs "pieces"
+    as "carry", and the planner does not plan that program twice."""
+    from jdtr import models
+    from jdtr.transform.normalize import normalize
+    from jdtr.transform.scans import as_run, kept_scans
+
+    def equations(loss, *args):
+        return kept_scans(normalize(jax.make_jaxpr(loss)(*args), keep_scans=True)).values()
+
+    m = models.rnn(steps=16, hidden=32, features=8, batch=4)
+    loss, params, x = _wide_blocks()
+    for levels in (1, 2):
+        pieces = ScanStrategy("pieces", levels)
+        assert as_run(pieces, equations(m.loss, m.params, m.batch)) == ScanStrategy("carry", levels)
+        assert as_run(pieces, equations(loss, params, x)) == pieces

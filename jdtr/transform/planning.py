@@ -58,7 +58,7 @@ from .plan_search import (
 )
 from .normalize import normalize
 from .program import Program, Value
-from .scans import STRATEGIES, KeptScan, ScanMemory, ScanStrategy, kept_scans, scan_memory, with_strategy
+from .scans import STRATEGIES, KeptScan, ScanMemory, ScanStrategy, as_run, kept_scans, scan_memory, with_strategy
 from .segments import NAME_PREFIX, fixed_bytes, predicted_bytes, uniform_segments
 
 
@@ -226,7 +226,8 @@ class Planning:
         if not kept_scans(self.forward):
             yield self
             return
-        yield from (self.under(strategy) for strategy in STRATEGIES)
+        equations = kept_scans(self.forward).values()
+        yield from (self.under(s) for s in STRATEGIES if as_run(s, equations) == s)  # each program once
         if "unrolled" not in self.strategies:
             forward = normalize(self.traced, shardings=placements(self.config.arguments.traced_specs), keep_custom=True)
             vg = _value_and_grad_program(self.config, forward)

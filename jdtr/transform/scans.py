@@ -44,7 +44,7 @@ import dataclasses
 import math
 import weakref
 from dataclasses import dataclass
-from typing import Any, Optional, Sequence
+from typing import Any, Iterable, Optional, Sequence
 
 import jax
 from jax import lax
@@ -174,6 +174,14 @@ def body_cut(layout: ScanLayout, strategy: ScanStrategy) -> Optional[CutBody]:
     if strategy.saves != "pieces":
         return None
     return cut_body(layout.body, layout.num_consts, layout.num_carry, held_iterations(layout.length, strategy.levels))
+
+
+def as_run(strategy: ScanStrategy, equations: Iterable[Equation]) -> ScanStrategy:
+    """`strategy` as these kept scans run it: "pieces" is "carry" where no
+    body has a cut (`run_scan`), which a planner need not try twice."""
+    if strategy.saves == "pieces" and all(body_cut(e.scan, strategy) is None for e in equations):
+        return dataclasses.replace(strategy, saves="carry")
+    return strategy
 
 
 def _nested_scan(step, carry: list, xs: list, length: int, levels: int, reverse: bool):
