@@ -167,3 +167,26 @@ def test_pieces_with_no_cut_are_the_carry_strategy_to_the_planner():
         pieces = ScanStrategy("pieces", levels)
         assert as_run(pieces, equations(m.loss, m.params, m.batch)) == ScanStrategy("carry", levels)
         assert as_run(pieces, equations(loss, params, x)) == pieces
+
+
+def test_jdtr_grad_traces_pieces_only_where_a_body_is_cut():
+    """`jdtr.grad`'s strategy search reads the user's scan bodies: where none
+    has a cut it takes "pieces" for "carry" and neither traces nor plans it
+    (before, a tight budget traced and planned the same program twice)."""
+    from jdtr import models
+
+    m = models.rnn(steps=16, hidden=32, features=8, batch=4)
+    loss, params, x = _wide_blocks()
+    for fun, args, cut in ((m.loss, (m.params, m.batch), False), (loss, (params, x), True)):
+        jdtr.grad(fun, budget=1.0)(*args)  # traced; its variants are the function's, shared by budgets
+        step = jdtr.grad(fun, budget=0.6, return_stats=True)
+        variants = next(iter(step.cache.values())).variants
+        traced, trace = [], variants.trace
+        variants.trace = lambda s, trace=trace, traced=traced: traced.append(s) or trace(s)
+        for levels in (1, 2):
+            assert variants.effective(ScanStrategy("pieces", levels)).saves == ("pieces" if cut else "carry")
+        grads, stats = step(*args)
+        assert_trees_close(grads, jax.grad(fun)(*args), rtol=1e-4, atol=1e-5)
+        if not cut:  # no strategy fits the RNN at 0.6: the search went through them all
+            assert stats.scans.startswith("unrolled"), stats.scans
+            assert ScanStrategy("carry") in traced and not any(s.saves == "pieces" for s in traced), traced

@@ -44,7 +44,7 @@ from .collection import collection_paused
 from .normalize import MIN_KEPT_LENGTH, keepable_scan
 from .planner import QUICK_OVERHEAD, THRASH_OVERHEAD, PlannedRun, plan_run
 from .program import Program
-from .scans import STRATEGIES, ScanStrategy, kept_scans, levels_within, run_scan
+from .scans import STRATEGIES, ScanStrategy, body_cut, kept_scans, levels_within, run_scan
 
 # A plan of the step as written that recomputes more than this (overhead)
 # is compared with the plan of its `shard_map`s' bodies inlined (`manual.py`):
@@ -100,6 +100,27 @@ def with_scans_under(closed: Any, strategy: ScanStrategy) -> Callable[..., list]
     return lambda *args: evaluate(jaxpr, consts, args)
 
 
+def run_as(closed: Any, strategy: ScanStrategy) -> ScanStrategy:
+    """`strategy` as `with_scans_under(closed, strategy)` runs the kept
+    scans: "pieces" is "carry" where no body has a cut (`run_scan`), the
+    same program, which a planner need not trace and plan twice."""
+    if strategy.saves != "pieces":
+        return strategy
+
+    def layouts(jaxpr: Any):
+        for eqn in jaxpr.eqns:
+            if eqn.primitive.name == "scan" and keepable_scan(eqn):
+                yield _jax_core.scan_layout(eqn.params)
+            elif eqn.primitive.name in _INLINED and (call := _jax_core.call_body(eqn)) is not None:
+                yield from layouts(call[0])
+
+    for layout in layouts(_jax_core.open_jaxpr(closed)[0]):
+        levels = levels_within(layout.length, strategy.levels, MIN_KEPT_LENGTH)
+        if body_cut(layout, replace(strategy, levels=levels)) is not None:
+            return strategy
+    return replace(strategy, saves="carry")
+
+
 @dataclass(eq=False)
 class ScanVariants:
     """The programs of one traced structure under each scan strategy, made
@@ -109,6 +130,7 @@ class ScanVariants:
     first: Program  # the program as JAX differentiates it ("all"), scans kept
     trace: Callable[[ScanStrategy], Program]
     unroll: Callable[[], Program]
+    run_as: Callable[[ScanStrategy], ScanStrategy] = lambda strategy: strategy  # what `trace` runs it as
     failed: dict = field(default_factory=dict, repr=False)  # per strategy, why it could not be traced
     _programs: dict = field(default_factory=dict, repr=False)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
@@ -146,8 +168,9 @@ class ScanVariants:
 
     def effective(self, strategy: ScanStrategy) -> ScanStrategy:
         """`strategy` as the longest scan runs it (in fewer levels where its
-        outer scan would be too short to keep)."""
-        return replace(strategy, levels=levels_within(self.longest(), strategy.levels, MIN_KEPT_LENGTH))
+        outer scan would be too short to keep), and as "carry" where it
+        cuts no body (`run_as`)."""
+        return self.run_as(replace(strategy, levels=levels_within(self.longest(), strategy.levels, MIN_KEPT_LENGTH)))
 
 
 @collection_paused()  # it traces the strategies' programs, as the first trace did, with the collector paused
@@ -170,7 +193,7 @@ def plan_strategies(
     best: Optional[tuple[float, PlannedRun, Program, Optional[ScanStrategy]]] = None
     for strategy in STRATEGIES:
         if variants.effective(strategy) != strategy:
-            continue  # the same program as a strategy of fewer levels
+            continue  # the same program as a strategy of fewer levels, or "carry"
         program = variants.program(strategy)
         if program is None:
             continue

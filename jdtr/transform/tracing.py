@@ -11,6 +11,8 @@ are traced when a plan or an online run first needs them.
 
 from __future__ import annotations
 
+import functools
+import threading
 import time
 import weakref
 from typing import Any, Callable, Optional, Sequence
@@ -26,7 +28,7 @@ from .costs import MEASURED, CostModel
 from .executable import assign_workspaces
 from .normalize import normalize
 from .program import Program
-from .scan_variants import ScanVariants, with_scans_under
+from .scan_variants import ScanVariants, run_as, with_scans_under
 from .scans import ScanStrategy, kept_scans
 
 _TRACED_CONTROL_FLOW = (
@@ -57,11 +59,8 @@ def trace_value_and_grad(
     program = _normalized(closed, cost_model, keep, shardings)
     variants = None
     if keep and kept_scans(program):
-        variants = ScanVariants(
-            program,
-            trace=_strategy_tracer(_weak(fun), argnums, has_aux, holomorphic, cost_model, arguments, aux),
-            unroll=lambda: _normalized(closed, cost_model, False, shardings),
-        )
+        trace, run_as = _strategy_tracer(_weak(fun), argnums, has_aux, holomorphic, cost_model, arguments, aux)
+        variants = ScanVariants(program, trace, unroll=lambda: _normalized(closed, cost_model, False, shardings), run_as=run_as)
     traced = Traced(program, out_tree, program.unconstrained_peak(), time.perf_counter() - start, variants=variants)
     if any(s is not None for s in shardings) and manual.has_inlinable(closed.jaxpr):
         # The step as written first (a whole `shard_map` runs fastest); its
@@ -96,18 +95,30 @@ def _normalized(closed: Any, cost_model: CostModel, keep_scans: bool, shardings:
 
 
 def _strategy_tracer(fun_ref, argnums, has_aux: bool, holomorphic: bool, cost_model: CostModel, arguments: Arguments, aux):
-    """What traces the value-and-grad with its scans under a strategy: the
-    function is traced once on shapes (its forward jaxpr, shared by the
-    strategies), and evaluated with each kept scan under the strategy."""
+    """What traces the value-and-grad with its scans under a strategy, and
+    what says which strategy that runs (`run_as`): the function is traced
+    once on shapes (its forward jaxpr, shared by the strategies), and
+    evaluated with each kept scan under the strategy."""
     forward: list = []  # the forward jaxpr, once traced
+    lock = threading.Lock()
+
+    def traced_forward() -> Any:
+        with lock:
+            if not forward:
+                fun = fun_ref()
+                if fun is None:
+                    raise ReferenceError("the function was collected")
+                forward.append(jax.make_jaxpr(_flat_loss(fun, arguments, has_aux))(*arguments.traced_specs))
+            return forward[0]
+
+    def strategy_run(strategy: ScanStrategy) -> ScanStrategy:
+        try:
+            return run_as(traced_forward(), strategy)
+        except ReferenceError:
+            return strategy  # `trace` says so, where a plan needs the program
 
     def trace(strategy: ScanStrategy) -> Program:
-        if not forward:
-            fun = fun_ref()
-            if fun is None:
-                raise ReferenceError("the function was collected")
-            forward.append(jax.make_jaxpr(_flat_loss(fun, arguments, has_aux))(*arguments.traced_specs))
-        run = with_scans_under(forward[0], strategy)
+        run = with_scans_under(traced_forward(), strategy)
 
         def under_strategy(*args, **kwargs):
             outs = run(*arguments.traced_leaves(args, kwargs))
@@ -116,7 +127,7 @@ def _strategy_tracer(fun_ref, argnums, has_aux: bool, holomorphic: bool, cost_mo
         closed, _, _ = _value_and_grad_jaxpr(under_strategy, argnums, has_aux, holomorphic, arguments)
         return _normalized(closed, cost_model, True, [spec.sharding for spec in arguments.traced_specs])
 
-    return trace
+    return trace, functools.lru_cache(maxsize=None)(strategy_run)
 
 
 def _flat_loss(fun: Callable, arguments: Arguments, has_aux: bool) -> Callable:
