@@ -58,7 +58,9 @@ from .plan_search import (
 )
 from .normalize import normalize
 from .program import Program, Value
-from .scans import STRATEGIES, KeptScan, ScanMemory, ScanStrategy, as_run, kept_scans, scan_memory, with_strategy
+from .scans import (
+    STRATEGIES, KeptScan, ScanMemory, ScanStrategy, as_run, for_length, kept_scans, scan_memory, with_strategy,
+)
 from .segments import NAME_PREFIX, fixed_bytes, predicted_bytes, uniform_segments
 
 
@@ -209,8 +211,9 @@ class Planning:
         if found is None:
             forward = with_strategy(self.forward, strategy) if strategy != self.strategy else self.forward
             kept = tuple(
-                KeptScan(i, eq, strategy, scan_memory(self.forward.body[i], strategy))
+                KeptScan(i, eq, own, scan_memory(self.forward.body[i], own))
                 for i, eq in kept_scans(forward).items()
+                for own in [for_length(strategy, eq.scan.length)]
             )
             vg = _value_and_grad_program(self.config, forward) if strategy != self.strategy else self.vg
             found = Planning(

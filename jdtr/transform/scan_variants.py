@@ -41,10 +41,10 @@ from typing import Any, Callable, Optional, Sequence, Union
 from ..runtime import Heuristic, OutOfBudgetError
 from . import _jax_core
 from .collection import collection_paused
-from .normalize import MIN_KEPT_LENGTH, keepable_scan
+from .normalize import keepable_scan
 from .planner import QUICK_OVERHEAD, THRASH_OVERHEAD, PlannedRun, plan_run
 from .program import Program
-from .scans import STRATEGIES, ScanStrategy, body_cut, kept_scans, levels_within, run_scan
+from .scans import STRATEGIES, ScanStrategy, body_cut, for_length, kept_scans, run_scan
 
 # A plan of the step as written that recomputes more than this (overhead)
 # is compared with the plan of its `shard_map`s' bodies inlined (`manual.py`):
@@ -83,8 +83,7 @@ def with_scans_under(closed: Any, strategy: ScanStrategy) -> Callable[..., list]
             name = eqn.primitive.name
             if name == "scan" and keepable_scan(eqn):
                 layout = _jax_core.scan_layout(eqn.params)
-                levels = levels_within(layout.length, strategy.levels, MIN_KEPT_LENGTH)  # the outer scan stays kept
-                outs = run_scan(layout, replace(strategy, levels=levels), *operands)
+                outs = run_scan(layout, for_length(strategy, layout.length), *operands)  # the outer scan stays kept
             elif name in _INLINED and (call := _jax_core.call_body(eqn)) is not None:
                 outs = evaluate(*call, operands)
             else:
@@ -115,8 +114,7 @@ def run_as(closed: Any, strategy: ScanStrategy) -> ScanStrategy:
                 yield from layouts(call[0])
 
     for layout in layouts(_jax_core.open_jaxpr(closed)[0]):
-        levels = levels_within(layout.length, strategy.levels, MIN_KEPT_LENGTH)
-        if body_cut(layout, replace(strategy, levels=levels)) is not None:
+        if body_cut(layout, for_length(strategy, layout.length)) is not None:
             return strategy
     return replace(strategy, saves="carry")
 
@@ -170,7 +168,7 @@ class ScanVariants:
         """`strategy` as the longest scan runs it (in fewer levels where its
         outer scan would be too short to keep), and as "carry" where it
         cuts no body (`run_as`)."""
-        return self.run_as(replace(strategy, levels=levels_within(self.longest(), strategy.levels, MIN_KEPT_LENGTH)))
+        return self.run_as(for_length(strategy, self.longest()))
 
 
 @collection_paused()  # it traces the strategies' programs, as the first trace did, with the collector paused
