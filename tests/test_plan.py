@@ -1171,3 +1171,37 @@ def test_the_cuts_of_a_program_are_the_same_with_its_ranges_cached_or_not(monkey
     assert max(held) > 1000  # what the bound dropped
     programs = [c for p, c in segmentation._CROSSINGS.items() if p is bounded.program]
     assert programs and all(len(c.ranges) <= 1 for c in programs)
+
+
+def test_the_cuts_of_a_program_are_the_same_with_its_flat_cuts_kept_or_not(monkeypatch):
+    """`segments` keeps, per program and saved set, its flat candidates and
+    their nestings (a search cuts one body for one simulated budget at each
+    nesting depth and each attempt's target): the cuts read at simulated
+    budgets revisited, at several depths and targets, are those made with
+    none kept."""
+    from jdtr.transform import segments as segmentation
+    from jdtr.transform.arguments import flatten_arguments
+    from jdtr.transform.plan_search import plan_at
+    from jdtr.transform.planning import _planning_for
+
+    m = model("mlp")
+    _, arguments = flatten_arguments(0, (m.params, m.batch), {}, eager=False)
+    planning = _planning_for(lambda p, b: m.loss(p, b), 0, False, "dtr_eq", "auto", arguments)
+    peak, full = planning.vg.unconstrained_peak(), planning.unconstrained
+
+    def cuts():
+        found = []
+        for fraction in (0.9, 0.5, 0.3, 0.9, 0.5, 0.3):  # revisited, as a search does
+            for depth, target in ((1, 0.6), (3, 0.6), (1, 0.25), (3, 0.25), (5, 0.2)):
+                plan = plan_at(planning, int(fraction * peak), target * full, "dtr_eq", depth)
+                found.append(None if plan is None else (plan.segments, plan.predicted_bytes))
+        return found
+
+    kept = cuts()
+    assert len({k for k in kept if k is not None}) > 3  # saved sets and targets that cut differently
+    assert any(seg.children for k in kept if k is not None for seg in k[0])  # nestings among them
+    entries = [e for p, es in segmentation._FLAT.items() if p is planning.forward for e in es.values()]
+    assert len(entries) > 1 and any(e.memo for e in entries)
+    monkeypatch.setattr(segmentation, "FLAT_CUTS_KEPT", 0)
+    segmentation._FLAT.clear()
+    assert cuts() == kept
