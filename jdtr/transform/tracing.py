@@ -114,8 +114,8 @@ def _strategy_tracer(fun_ref, argnums, has_aux: bool, holomorphic: bool, cost_mo
     def strategy_run(strategy: ScanStrategy) -> ScanStrategy:
         try:
             return run_as(traced_forward(), strategy)
-        except ReferenceError:
-            return strategy  # `trace` says so, where a plan needs the program
+        except Exception:  # noqa: BLE001 - `trace` fails the same way, and `ScanVariants.program` says why
+            return strategy
 
     def trace(strategy: ScanStrategy) -> Program:
         run = with_scans_under(traced_forward(), strategy)
