@@ -44,7 +44,7 @@ from .collection import collection_paused
 from .normalize import keepable_scan
 from .planner import QUICK_OVERHEAD, THRASH_OVERHEAD, PlannedRun, plan_run
 from .program import Program
-from .scans import STRATEGIES, ScanStrategy, body_cut, for_length, kept_scans, run_scan
+from .scans import STRATEGIES, ScanStrategy, cuts_a_body, for_length, kept_scans, run_scan
 
 # A plan of the step as written that recomputes more than this (overhead)
 # is compared with the plan of its `shard_map`s' bodies inlined (`manual.py`):
@@ -113,9 +113,8 @@ def run_as(closed: Any, strategy: ScanStrategy) -> ScanStrategy:
             elif eqn.primitive.name in _INLINED and (call := _jax_core.call_body(eqn)) is not None:
                 yield from layouts(call[0])
 
-    for layout in layouts(_jax_core.open_jaxpr(closed)[0]):
-        if body_cut(layout, for_length(strategy, layout.length)) is not None:
-            return strategy
+    if cuts_a_body(strategy, layouts(_jax_core.open_jaxpr(closed)[0])):
+        return strategy
     return replace(strategy, saves="carry")
 
 

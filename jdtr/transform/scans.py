@@ -186,6 +186,12 @@ def for_length(strategy: ScanStrategy, length: int) -> ScanStrategy:
     return dataclasses.replace(strategy, levels=levels_within(length, strategy.levels, MIN_KEPT_LENGTH))
 
 
+def cuts_a_body(strategy: ScanStrategy, layouts: Iterable[ScanLayout]) -> bool:
+    """Whether `strategy` cuts the body of any of these kept scans, each in
+    the levels its length allows (else "pieces" runs as "carry")."""
+    return any(body_cut(layout, for_length(strategy, layout.length)) is not None for layout in layouts)
+
+
 def as_run(strategy: ScanStrategy, equations: Iterable[Equation]) -> ScanStrategy:
     """`strategy` as these kept scans run it (`with_strategy`): in the most
     levels any of them runs it in (`for_length`), and "pieces" as "carry"
@@ -194,9 +200,9 @@ def as_run(strategy: ScanStrategy, equations: Iterable[Equation]) -> ScanStrateg
     scans = [e.scan for e in equations]
     if not scans:
         return strategy
-    cut = any(body_cut(scan, for_length(strategy, scan.length)) is not None for scan in scans)
     levels = max(for_length(strategy, scan.length).levels for scan in scans)
-    return dataclasses.replace(strategy, levels=levels, saves="carry" if strategy.saves == "pieces" and not cut else strategy.saves)
+    carry = strategy.saves == "pieces" and not cuts_a_body(strategy, scans)
+    return dataclasses.replace(strategy, levels=levels, saves="carry" if carry else strategy.saves)
 
 
 def _nested_scan(step, carry: list, xs: list, length: int, levels: int, reverse: bool):
