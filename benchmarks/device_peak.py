@@ -103,7 +103,9 @@ def measure_eager(model: str, ratio: float | None, heuristic: str, variant: str 
     import jax
 
     import jdtr
+    from jdtr.transform import rental
 
+    rental.COMPILE_RATE = rental.CompileRate(0.0, weight=None)  # chunks from a plan's second run, as these tables measure (rental_benchmark.py: the rule)
     mode = {}
     if variant == "serial":
         import jdtr.transform.gradients as gradients

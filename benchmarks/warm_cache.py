@@ -40,6 +40,8 @@ _CHILD = """
 import json, time
 import jax, jdtr
 from jdtr import models
+from jdtr.transform import rental
+rental.COMPILE_RATE = rental.CompileRate(0.0, weight=None)  # chunks on the second call, as measured
 m = {model}
 args = (m.params, m.batch)
 jax.block_until_ready(args)

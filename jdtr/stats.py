@@ -38,7 +38,8 @@ class Stats:
       timeline: with `timeline=True`, the residency events of the run.
       execution: how the run went: "chunks" (a plan made before the run,
         as compiled chunks), "steps" (a plan, one equation per dispatch: a
-        plan's first run) or "online" (DTR deciding as it ran).
+        plan's runs until compiling its chunks pays, with `chunks="auto"`)
+        or "online" (DTR deciding as it ran).
       chunks: dispatches the run made: compiled chunks, or equations run
         one at a time (rematerializations included).
       planning_time_s: time spent planning the run (simulating candidates,
@@ -54,7 +55,7 @@ class Stats:
         None where it was not read. Over `budget_bytes`, later calls plan
         for less (`jdtr.AllocatorWarning`).
       slack_bytes: how far under `budget_bytes` the run's plan was made:
-        from a structure's second call on, its compiled chunks may run a
+        once a structure runs in compiled chunks, they may run a
         plan made for a little less, where that cuts the run into far
         fewer chunks (docs/design.md, "A plan for fewer chunks"); 0 otherwise.
     """

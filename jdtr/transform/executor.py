@@ -23,7 +23,7 @@ import jax
 import numpy as np
 
 from ..offline import Compute, Free, Read, StraightLine
-from . import _jax_core
+from . import _jax_core, rental
 from .chunks import Chunk, Delete, Item, cut
 from .program import Program
 
@@ -42,31 +42,40 @@ def slot_avals(line: StraightLine, program: Program) -> list[Any]:
     return avals
 
 
-def chunks_for(plan: Any, program: Program, policy: str, budget_bytes: int) -> tuple[Optional[list[Item]], float]:
+def chunks_for(
+    plan: Any, program: Program, policy: str, budget_bytes: int, chunked: Optional[bool] = None
+) -> tuple[Optional[list[Item]], float]:
     """The compiled chunks a planned run (`planner.PlannedRun`) runs by, or
     None to run it step by step, as `policy` says ("always", "never", or
-    "auto": from the plan's second run on, when a structure came back and
-    compiling pays); and the seconds cutting and compiling took now. Counts
-    the run."""
-    runs, plan.runs = plan.runs, plan.runs + 1
-    if not compiles(policy, runs):
+    "auto": once its step-by-step runs took as long as compiling is
+    expected to, `rental.py`), or as `chunked` says where that was decided
+    before (`compiles`, before the plan was settled for chunks); and the
+    seconds cutting and compiling took now. Counts the run."""
+    if chunked is None:
+        chunked = compiles(plan, policy)
+    plan.rent.runs += 1
+    if not chunked:
         return None, 0.0
     if plan.compiled is not None:
         return plan.compiled, 0.0
     start = time.perf_counter()
     plan.compiled = cut(plan.line, slot_avals(plan.line, program), budget_bytes)
-    return plan.compiled, time.perf_counter() - start
+    elapsed = time.perf_counter() - start
+    rental.COMPILE_RATE.observe(plan.line.computations, elapsed)
+    return plan.compiled, elapsed
 
 
-def compiles_next(plan: Any, policy: str) -> bool:
-    """Whether `plan`'s next run cuts and compiles its chunks (`chunks_for`
-    will): its first run as chunks, which a plan is settled for first."""
-    return plan.compiled is None and plan.path is None and compiles(policy, plan.runs)
+def renting(plan: Any, policy: str) -> bool:
+    """Whether `plan`'s step-by-step runs count towards compiling it (`rental.py`)."""
+    return policy == "auto" and plan.compiled is None
 
 
-def compiles(policy: str, runs: int) -> bool:
-    """Whether a plan that `runs` runs went by before runs as compiled chunks, by `policy`."""
-    return policy == "always" or (policy == "auto" and runs >= 1)
+def compiles(plan: Any, policy: str) -> bool:
+    """Whether `plan`'s next run is in compiled chunks, by `policy` (`rental.pays`)."""
+    if plan.compiled is not None:
+        return policy != "never"
+    deterministic = jax.process_count() > 1
+    return rental.pays(policy, plan.rent, plan.line.computations if policy == "auto" else 0, deterministic)
 
 
 def serial_dispatch(program: Program) -> bool:
@@ -109,6 +118,19 @@ class Execution:
         for slot, array in line.externals.items():
             self.slots[slot] = array
         self.kept = {slot for slot, mine in zip(line.arguments, owned) if not mine} | set(line.externals)
+
+    def run(self, items: Optional[Sequence[Item]], wait: bool) -> tuple[list[Any], float]:
+        """The whole line, in `items` (compiled chunks) or step by step: its
+        outputs, and the seconds to their dispatch (to their being ready, where `wait`)."""
+        start = time.perf_counter()
+        if items is not None:
+            self.chunks(items)
+        else:
+            self.steps()
+        outputs = self.outputs()
+        if wait:
+            jax.block_until_ready(outputs)
+        return outputs, time.perf_counter() - start
 
     def steps(self, start: int = 0) -> int:
         """Each equation in turn, with its cached executable."""

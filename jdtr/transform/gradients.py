@@ -10,9 +10,10 @@ computes least (`scan_variants.py`).
 Planning: DTR is simulated on the traced program under the budget before
 any device work (`planner.py`; a portfolio of heuristics by default), and
 the decisions, a straight line of computations and frees, are cached per
-structure and budget. A call runs them step by step the first time and, from
-the next call on, as compiled chunks (`chunks.py`): one XLA program per run
-of steps, within the budget by XLA's own memory analysis.
+structure and budget. A call runs them step by step and, once those runs
+took as long as compiling is expected to (`rental.py`), as compiled chunks
+(`chunks.py`): one XLA program per run of steps, within the budget by XLA's
+own memory analysis.
 
 A `cond` on data is planned per path (`paths.py`): the plan reads each
 predicate where its `cond` starts and, where a branch is not the one it
@@ -63,7 +64,7 @@ from ..oplog import Trace, TraceRecorder
 from . import _jax_core
 from .costs import MEASURED, CostModel, MeasuredCosts, check_cost_model
 from .arguments import Static, argnums_tuple, flatten_arguments
-from .executor import Execution, chunks_for, compiles_next, serial_dispatch
+from .executor import Execution, chunks_for, compiles, renting, serial_dispatch
 from .allocator import AllocatorGuard, allocator_bytes
 from .interpreter import Interpreter, JaxBackend, LiveArrayCheck
 from .lowering import recording, simulation
@@ -261,12 +262,13 @@ class _ValueAndGrad:
                 guard.exhausted()  # no plan fits within the margin: plan for the budget by count, once more
         program = plan.program or program
         if guard.margin and not planned_before:
-            plan.runs = max(plan.runs, 1)  # made for the allocator's margin: its structure ran, compiling pays
+            plan.rent.runs = max(plan.rent.runs, 1)  # made for the allocator's margin: its structure ran, it may compile
         planning = 0.0 if planned_before else plan.planning_time_s
         known_ahead = plan.path is None and not planned_before  # said once per plan, before the run
         if known_ahead and plan.overhead > THRASH_OVERHEAD:  # (by paths: once the path is known)
             warnings.warn(ThrashWarning(plan.overhead, budget_bytes, plan.calm_budget_bytes, plan.heuristic), stacklevel=4)
-        chunked = compiles_next(plan, self.chunks)
+        in_chunks = compiles(plan, self.chunks) if plan.path is None else None  # (by paths: decided per plan followed)
+        chunked = bool(in_chunks) and plan.compiled is None  # its first run as chunks: settled for them first
         if (planned_before and plan.remaining or chunked) and traced.claim(key):  # it came back, or is to be compiled
             before, settled = plan.planning_time_s, plan
             try:
@@ -302,19 +304,15 @@ class _ValueAndGrad:
                 plan.warned = True
                 warnings.warn(ThrashWarning(plan.overhead, budget_bytes, plan.calm_budget_bytes, plan.heuristic), stacklevel=4)
         else:
-            items, compiling = chunks_for(plan, program, self.chunks, planned_for)
+            items, compiling = chunks_for(plan, program, self.chunks, planned_for, in_chunks)
             planning += compiling
             compiled = items is not None
+            rents = not compiled and renting(plan, self.chunks)  # its seconds count towards compiling (rental.py)
             execution.after = guard.watch(plan, "chunks" if compiled else "steps", inputs, program.held_bytes, check)
-            start = time.perf_counter()
-            if compiled:
-                execution.chunks(items)
-            else:
-                execution.steps()
-            outputs = execution.outputs()
-            if self.return_stats or check is not None or execution.after is not None:  # else returns as jit does: dispatched
-                jax.block_until_ready(outputs)
-            wall = time.perf_counter() - start
+            # (It returns once dispatched, as jit does, unless something waits for the run's end.)
+            outputs, wall = execution.run(items, rents or self.return_stats or check is not None or execution.after is not None)
+            if rents:
+                plan.rent.paid(wall)
         report = report_of(plan.counters, plan.heuristic, wall, self.timeline and plan.timeline, plan.baseline_cost)
         report.update(
             chunks=execution.dispatches, planning_time_s=planning, execution="chunks" if compiled else "steps", scans=plan.scans,
@@ -478,9 +476,10 @@ def value_and_grad(
         online, timing every operator, and later calls are planned from
         those times. `timeline=` or `log=` on a program with a `cond` run
         it online.
-      chunks: how a plan runs: "auto" (one equation per dispatch the first
-        time, compiled chunks from its second run on, when compiling pays),
-        "always" (compiled chunks at once) or "never".
+      chunks: how a plan runs: "auto" (one equation per dispatch until
+        those runs have taken as long as compiling the plan's chunks is
+        expected to, then compiled chunks: a structure called a few times
+        compiles nothing), "always" (compiled chunks at once) or "never".
       scans: "keep" (the default): a planned run keeps a `lax.scan` of 4 or
         more iterations whole, one operation whose memory XLA's analysis
         gives, under the strategy of what its iterations keep (every

@@ -20,7 +20,8 @@ nothing before a `cond` that depends on the branch taken there or later
 arrays it has.
 
 Each plan keeps the budget by itself, as any plan does; its chunks are
-compiled from its second run on (each part of a run is cut at every `Read`).
+compiled once its step-by-step runs took as long as that is expected to
+(`rental.py`; each part of a run is cut at every `Read`).
 A path whose plan does not fit raises `OutOfBudgetError` at its branch,
 before any of the path's work (and again at once when it comes back): what
 the run made is freed, and the caller's arrays are untouched; `jdtr.grad`
@@ -30,12 +31,13 @@ then runs the call online.
 from __future__ import annotations
 
 import threading
+import time
 from dataclasses import dataclass
 from typing import Sequence
 
 from ..offline import Compute, Free, Read
 from ..runtime import OutOfBudgetError
-from .executor import Execution, chunks_for
+from .executor import Execution, chunks_for, renting
 from .planner import PlannedRun, plan_path
 from .program import Program
 
@@ -85,12 +87,18 @@ def run_by_paths(
         compiled = compiled and items is not None
         if start < 0:  # another plan was followed: go on after its read number `read - 1`
             start = _after_read(items if items is not None else plan.line.steps, read)
+        began = time.perf_counter()
         stop = execution.chunks(items, start) if items is not None else execution.steps(start)
+        rents = items is None and renting(plan, chunks)  # (its seconds count towards compiling it: rental.py)
         if stop == (len(items) if items is not None else len(plan.line.steps)):
+            if rents:
+                plan.rent.paid(time.perf_counter() - began)
             return PathRun(plan, planning, compiled)
         step = items[stop] if items is not None else plan.line.steps[stop]
         went_by = plan.reads[read]
         taken = min(max(execution.read(step), 0), went_by.branches - 1)  # lax.switch clamps
+        if rents:
+            plan.rent.paid(time.perf_counter() - began)  # to the predicate read: the steps before it are done
         first.last_taken[went_by.cond] = first.last_taken[went_by.branches] = taken
         path += (taken,)
         read += 1

@@ -48,6 +48,7 @@ from ..oplog import Floor, Trace, TraceRecorder, floor
 from .collection import collection_paused
 from .lowering import BranchRead, lower, lower_by_path, recording, simulation
 from .program import Equation, Program
+from .rental import Rent
 from .suggestion import suggest_budget
 
 # The portfolio of `heuristic="auto"`, in order of preference between equals:
@@ -182,7 +183,7 @@ class PlannedRun:
     # it goes on by (known, or guessed).
     path: Optional[tuple[int, ...]] = None
     reads: tuple[BranchRead, ...] = ()
-    runs: int = 0  # how many runs went by it (its chunks are compiled from the second on)
+    rent: Rent = field(default_factory=Rent)  # its runs, and their seconds step by step (when to compile: `rental.py`)
     # The plans of the paths that parted from it (an error: the path does not fit).
     paths: "OrderedDict[tuple[int, ...], Union[PlannedRun, OutOfBudgetError]]" = field(default_factory=OrderedDict, repr=False)
     warned: bool = False  # a run by it thrashing was said (a path's plan: once it ran)
@@ -401,7 +402,7 @@ def refine(plan: PlannedRun, program: Program, owned: Sequence[bool], dealloc: s
         plan.tried, plan.remaining, plan.planning_time_s = tried, (), plan.planning_time_s + elapsed
         return plan
     better = _planned(simulate, line, result, counters, chosen, tried, plan.planning_time_s + elapsed, ())
-    better.path, better.reads, better.runs = plan.path, plan.reads, plan.runs  # (its paths are planned anew: another candidate)
+    better.path, better.reads, better.rent = plan.path, plan.reads, plan.rent  # (its paths are planned anew: another candidate)
     better.keeps_scans_of(plan)
     if counters.overhead > THRASH_OVERHEAD:
         better.calm_budget_bytes = plan.calm_budget_bytes

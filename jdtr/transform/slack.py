@@ -87,7 +87,7 @@ def plan_for_chunks(plan: PlannedRun, program: Program, owned: Sequence[bool], d
         plan.planning_time_s += elapsed
         return plan
     best.keeps_scans_of(plan)
-    best.tried, best.runs = plan.tried, plan.runs
+    best.tried, best.rent = plan.tried, plan.rent
     best.planning_time_s = plan.planning_time_s + elapsed
     best.slack = budget_bytes - best.result.budget_bytes
     return best
