@@ -55,7 +55,7 @@ for call in range(calls):
     seconds.append(time.perf_counter() - start)
     if switched is None and stats.execution == "chunks":
         switched = call + 1
-print(json.dumps(dict(seconds=seconds, switched=switched, rate=rental.COMPILE_RATE.seconds_per_computation())))
+print(json.dumps(dict(seconds=seconds, switched=switched, rate=rental.COMPILE_RATE.seconds_per_operation())))
 """
 
 

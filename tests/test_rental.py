@@ -10,15 +10,15 @@ import pytest
 
 import jdtr
 from jdtr import models
-from jdtr.transform import rental
+from jdtr.transform import executor, rental
 from jdtr.transform.rental import CompileRate, Rent, pays
 
 
 def test_the_rate_starts_at_its_prior_and_moves_with_what_compiles_took():
     rate = CompileRate(0.004, weight=1000)
     assert rate.estimate(500) == pytest.approx(2.0)
-    rate.observe(1000, 8.0)  # 8 ms a computation
-    assert rate.seconds_per_computation() == pytest.approx((0.004 * 1000 + 8.0) / 2000)
+    rate.observe(1000, 8.0)  # 8 ms an operation
+    assert rate.seconds_per_operation() == pytest.approx((0.004 * 1000 + 8.0) / 2000)
     rate.observe(0, 5.0)  # nothing compiled: nothing learnt
     assert rate.estimate(100) == pytest.approx(100 * 0.006)
     fixed = CompileRate(0.5, weight=None)
@@ -30,7 +30,7 @@ def test_the_rate_starts_at_its_prior_and_moves_with_what_compiles_took():
 
 
 def test_a_plan_compiles_once_its_step_by_step_seconds_reach_the_estimate():
-    rate = CompileRate(0.01, weight=None)  # 100 computations: 1 s to compile
+    rate = CompileRate(0.01, weight=None)  # 100 operations: 1 s to compile
     assert pays("always", Rent(), 100, False, rate)
     assert not pays("never", Rent(runs=50, stepped_s=1e6), 100, False, rate)
     assert not pays("auto", Rent(runs=0, stepped_s=5.0), 100, False, rate)  # a first run is step by step
@@ -42,14 +42,10 @@ def test_a_plan_compiles_once_its_step_by_step_seconds_reach_the_estimate():
     assert not pays("auto", Rent(runs=0), 100, True, rate)
 
 
-def _calls_until_chunks(f, args, most: int):
-    stats = []
-    for _ in range(most):
-        grads, s = f(*args)
-        stats.append(s)
-        if s.execution == "chunks":
-            break
-    return grads, stats
+def _plan(f):
+    (traced,) = f.cache.values()
+    (plan,) = traced.plans.values()
+    return plan
 
 
 def test_grad_rents_until_the_steps_took_what_compiling_is_expected_to(monkeypatch):
@@ -58,22 +54,40 @@ def test_grad_rents_until_the_steps_took_what_compiling_is_expected_to(monkeypat
     machine's timings; its gradients are `jax.grad`'s."""
     m = models.mlp_chain(layers=8, width=32, batch=64)
     f = jdtr.grad(m.loss, budget=0.6, return_stats=True)
-    _, (first,) = _calls_until_chunks(f, (m.params, m.batch), 1)
-    assert first.execution == "steps" and first.rematerializations > 0
-    per_computation = 4 * first.wall_time_s / first.chunks  # several runs' worth for the plan
-    monkeypatch.setattr(rental, "COMPILE_RATE", CompileRate(per_computation, weight=None))
-    grads, stats = _calls_until_chunks(f, (m.params, m.batch), 200)
-    stats = [first, *stats]
+    stats = [f(m.params, m.batch)[1]]
+    assert stats[0].execution == "steps" and stats[0].rematerializations > 0
+    operations = [executor.operations(_plan(f).line)]  # of the plan each call ran by
+    per_operation = 4 * stats[0].wall_time_s / operations[0]  # several runs' worth for the plan
+    monkeypatch.setattr(rental, "COMPILE_RATE", CompileRate(per_operation, weight=None))
+    for _ in range(200):
+        grads, s = f(m.params, m.batch)
+        stats.append(s)
+        operations.append(executor.operations(_plan(f).line))
+        if s.execution == "chunks":
+            break
     assert stats[-1].execution == "chunks", [s.execution for s in stats]
     assert all(s.execution == "steps" for s in stats[:-1])
     assert len(stats) >= 3  # the rule waited: not the second call
-    # A call decides by the plan the call before it ran (its computations: the dispatches step by step).
+    # A call decides by the plan the call before it ran.
     stepped = [s.wall_time_s for s in stats[:-1]]
-    price = [per_computation * s.chunks for s in stats[:-1]]
+    price = [per_operation * n for n in operations[:-1]]
     assert sum(stepped) >= price[-1] * (1 - 1e-9), (stepped, price)
     assert sum(stepped[:-1]) < price[-2], (stepped, price)
     for g, r in zip(jax.tree.leaves(grads), jax.tree.leaves(jax.grad(m.loss)(m.params, m.batch))):
         np.testing.assert_allclose(np.asarray(g), np.asarray(r), rtol=1e-5, atol=1e-7)
+
+
+def test_distinct_operations_count_a_repeated_layer_once():
+    m = models.mlp_chain(layers=16, width=32, batch=64)
+    f = jdtr.grad(m.loss, budget=1.0, return_stats=True, chunks="never")
+    _, stats = f(m.params, m.batch)
+    line = _plan(f).line
+    assert stats.chunks == line.computations == stats.equations
+    wider = models.mlp_chain(layers=32, width=32, batch=64)
+    g = jdtr.grad(wider.loss, budget=1.0, chunks="never")
+    g(wider.params, wider.batch)
+    # Twice the layers, the same operations: a layer's equations share executables.
+    assert executor.operations(_plan(g).line) == executor.operations(line) < line.computations / 4
 
 
 def test_a_structure_called_a_few_times_compiles_nothing_and_always_compiles_at_once(monkeypatch):
@@ -95,10 +109,10 @@ def test_the_process_rate_learns_from_a_compile(monkeypatch):
     _, first = f(m.params, m.batch)
     _, second = f(m.params, m.batch)
     assert (first.execution, second.execution) == ("steps", "chunks")
-    # What it learnt: the plan's computations (the second call's plan: settled for chunks, maybe
-    # another than the first's), in seconds that the compile took and the call reported.
-    assert rate._computations > 0 and 0 < rate._seconds <= second.planning_time_s
-    assert rate.seconds_per_computation() > 0
+    # What it learnt: the operations of the plan compiled, in seconds that the compile took and
+    # the call reported (with the plan's settling for chunks).
+    assert rate._operations == executor.operations(_plan(f).line) > 0
+    assert 0 < rate._seconds <= second.planning_time_s and rate.seconds_per_operation() > 0
 
 
 def test_several_processes_compile_on_the_second_run_whatever_the_rate(monkeypatch):

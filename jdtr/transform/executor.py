@@ -61,7 +61,7 @@ def chunks_for(
     start = time.perf_counter()
     plan.compiled = cut(plan.line, slot_avals(plan.line, program), budget_bytes)
     elapsed = time.perf_counter() - start
-    rental.COMPILE_RATE.observe(plan.line.computations, elapsed)
+    rental.COMPILE_RATE.observe(operations(plan.line), elapsed)
     return plan.compiled, elapsed
 
 
@@ -75,7 +75,13 @@ def compiles(plan: Any, policy: str) -> bool:
     if plan.compiled is not None:
         return policy != "never"
     deterministic = jax.process_count() > 1
-    return rental.pays(policy, plan.rent, plan.line.computations if policy == "auto" else 0, deterministic)
+    return rental.pays(policy, plan.rent, operations(plan.line) if policy == "auto" else 0, deterministic)
+
+
+def operations(line: StraightLine) -> int:
+    """The distinct operations of a plan's line: its computations with
+    executables of their own (what its compile is estimated by, `rental.py`)."""
+    return len({id(step.payload.executable) for step in line.steps if type(step) is Compute})
 
 
 def serial_dispatch(program: Program) -> bool:

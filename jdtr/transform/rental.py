@@ -15,12 +15,16 @@ compiles them. A structure's extra time is then at most one compile's
 worth of step-by-step runs, and a structure seen once or twice compiles
 nothing.
 
-The price is estimated before compiling, as seconds per computation of the
-plan's line times its computations (`CompileRate`): what compiles of
-chunks took in this process so far, started from a prior measured on the
-CPU (docs/benchmarks.md). The rent counts whole step-by-step runs, to the
-outputs being ready: the time a compiled run would take too, so the rule
-compiles a little early, never late.
+The price is estimated before compiling, as the plan's distinct
+operations (its computations with executables of their own: a repeated
+layer's equations count once) times seconds per operation (`CompileRate`):
+what compiles of chunks took in this process so far, started from a prior
+measured on the CPU (docs/benchmarks.md). Distinct operations predict a
+compile better than computations do: on six models on the CPU, 27-59 ms per
+distinct operation, against 0.8-8.5 ms per computation (a 64-layer MLP has
+668 computations of 14 operations, and compiles in 0.6 s). The rent counts
+whole step-by-step runs, to the outputs being ready: the time a compiled
+run would take too, so the rule compiles a little early, never late.
 
 Where several processes run one program (`jax.process_count() > 1`), each
 must dispatch the same programs in the same order, so their collectives
@@ -34,53 +38,52 @@ import threading
 from dataclasses import dataclass
 from typing import Optional
 
-# Seconds a chunk compile takes per computation, before this process has
-# compiled any: the CPU benchmarks' second calls took 3-9 ms per
-# computation of the plan (a 4-block transformer 3.7 s for 1,154, a flax GPT
-# 11 s for 1,294, a ResNet 4 s for 682), less where repeated layers share
-# their chunks (a 64-layer MLP: 1 ms).
-PRIOR_SECONDS_PER_COMPUTATION = 0.005
-# How many computations the prior counts as, against those compiled since:
+# Seconds a chunk compile takes per distinct operation of the plan, before
+# this process has compiled any: at 0.5 of their peak on 2 CPU cores, a
+# 4-block transformer took 3.9 s for 143, a flax GPT 11.0 s for 188, a
+# GroupNorm ResNet 4.0 s for 108, a 64-layer MLP 0.56 s for 14.
+PRIOR_SECONDS_PER_OPERATION = 0.04
+# How many operations the prior counts as, against those compiled since:
 # one model's compile moves the estimate about halfway to what it measured.
-PRIOR_COMPUTATIONS = 1000
+PRIOR_OPERATIONS = 150
 
 
 class CompileRate:
-    """Seconds per computation that compiling a plan's chunks takes, learnt
-    from the compiles of this process. Safe to use from several threads.
+    """Seconds per distinct operation that compiling a plan's chunks takes,
+    learnt from the compiles of this process. Safe to use from several threads.
 
     Args:
-      prior_s: seconds per computation before anything was compiled.
-      weight: how many computations the prior counts as; None keeps the
+      prior_s: seconds per operation before anything was compiled.
+      weight: how many operations the prior counts as; None keeps the
         estimate at the prior whatever is observed (tests, benchmarks).
     """
 
-    def __init__(self, prior_s: float = PRIOR_SECONDS_PER_COMPUTATION, weight: Optional[int] = PRIOR_COMPUTATIONS):
+    def __init__(self, prior_s: float = PRIOR_SECONDS_PER_OPERATION, weight: Optional[int] = PRIOR_OPERATIONS):
         if prior_s < 0 or (weight is not None and weight <= 0):
             raise ValueError(f"a compile rate needs prior_s >= 0 and weight > 0 (or None); got {prior_s}, {weight}")
         self.prior_s = prior_s
         self.weight = weight
         self._lock = threading.Lock()
         self._seconds = 0.0
-        self._computations = 0
+        self._operations = 0
 
-    def observe(self, computations: int, seconds: float) -> None:
-        """One plan's chunks were cut and compiled: `computations` in `seconds`."""
-        if computations <= 0:
+    def observe(self, operations: int, seconds: float) -> None:
+        """One plan's chunks were cut and compiled: its `operations` in `seconds`."""
+        if operations <= 0:
             return
         with self._lock:
             self._seconds += max(seconds, 0.0)
-            self._computations += computations
+            self._operations += operations
 
-    def seconds_per_computation(self) -> float:
+    def seconds_per_operation(self) -> float:
         if self.weight is None:
             return self.prior_s
         with self._lock:
-            return (self.prior_s * self.weight + self._seconds) / (self.weight + self._computations)
+            return (self.prior_s * self.weight + self._seconds) / (self.weight + self._operations)
 
-    def estimate(self, computations: int) -> float:
-        """Seconds compiling the chunks of a plan of `computations` is expected to take."""
-        return computations * self.seconds_per_computation()
+    def estimate(self, operations: int) -> float:
+        """Seconds compiling the chunks of a plan of `operations` distinct operations is expected to take."""
+        return operations * self.seconds_per_operation()
 
 
 # The process's rate: every plan's compile feeds it.
@@ -105,15 +108,16 @@ class Rent:
         self.stepped_s += seconds
 
 
-def pays(policy: str, rent: Rent, computations: int, deterministic: bool, rate: Optional[CompileRate] = None) -> bool:
+def pays(policy: str, rent: Rent, operations: int, deterministic: bool, rate: Optional[CompileRate] = None) -> bool:
     """Whether a plan's next run compiles its chunks, by `policy` ("always",
     "never", or "auto": the ski-rental rule), after `rent`, for a line of
-    `computations`. `deterministic`: decided by the count of runs alone (the
-    second compiles), as every process of a multi-process run must."""
+    `operations` distinct operations. `deterministic`: decided by the count
+    of runs alone (the second compiles), as every process of a multi-process
+    run must."""
     if policy == "always":
         return True
     if policy != "auto" or rent.runs < 1:
         return False
     if deterministic:
         return True
-    return rent.stepped_s >= (rate or COMPILE_RATE).estimate(computations)
+    return rent.stepped_s >= (rate or COMPILE_RATE).estimate(operations)
