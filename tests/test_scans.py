@@ -427,3 +427,33 @@ def test_segments_nested_to_the_left_never_span_a_kept_scan():
             for a, b in zip(seg.children, seg.children[1:]):
                 assert a.stop == b.start
         assert_trees_close(jax.jit(dataclasses.replace(plan, segments=option).grad)(params, x), reference, rtol=1e-5, atol=1e-6)
+
+
+def test_the_unrolled_fallback_compiles_no_left_nesting_and_the_suggestion_stands(monkeypatch):
+    """Where no kept strategy fits, the step with its scans unrolled is
+    searched too, but its uniform leaves nested to the left are not
+    compiled (on scan models they compiled to several times the target,
+    more than no remat at all: a whole unrolled step's compile for
+    nothing). The suggestion is still the smallest plan measured, and a
+    call at it fits."""
+    from jdtr.transform import plan_search
+
+    measured = []
+    measure = plan_search.PlanSearch.measure
+
+    def spy(self, plan):
+        found = measure(self, plan)
+        measured.append((not self.planning.kept_scans, found.origin, found.compiled_bytes))  # (the scan unrolled)
+        return found
+
+    monkeypatch.setattr(plan_search.PlanSearch, "measure", spy)
+    m = models.rnn(steps=32, hidden=64, features=16, batch=32)
+    with pytest.raises(jdtr.OutOfBudgetError) as caught:
+        jdtr.plan(m.loss, m.params, m.batch, budget=0.15, autotune=False)
+    assert any(unrolled for unrolled, _, _ in measured)  # the fallback was searched
+    assert not [origin for unrolled, origin, _ in measured if unrolled and origin == "uniform"]
+    suggested = caught.value.suggested_budget_bytes
+    assert suggested == min(nbytes for _, _, nbytes in measured)
+    plan = jdtr.plan(m.loss, m.params, m.batch, budget=suggested, autotune=False)
+    assert plan.compiled_bytes <= suggested and plan.scans
+    assert_trees_close(jax.jit(plan.grad)(m.params, m.batch), jax.grad(m.loss)(m.params, m.batch), rtol=1e-5, atol=1e-6)

@@ -272,9 +272,16 @@ class PlanSearch:
             return before
         # The leaves of uniform segments only (of the smallest plan where a
         # kept scan rules those out): each source costs a compile of its
-        # deepest nesting, and DTR's leaves did no better on chains.
+        # deepest nesting, and DTR's leaves did no better on chains. Not on
+        # the fallback of scans unrolled where no strategy fit: there that
+        # nesting was never the smallest plan (four scan models, two budgets
+        # each, and a scan transformer; on an LSTM and two RNNs 2.0-2.5x
+        # `jax.grad`'s own bytes), for a compile of the whole unrolled step
+        # (a third of a failing call's seconds).
         plain = self._without_conds()
-        return self._nested_left(plain, plans=1 if planning.kept_scans else 0) if plain else None
+        if not plain or planning.unrolled:
+            return None
+        return self._nested_left(plain, plans=1 if planning.kept_scans else 0)
 
     def _measured_before(self) -> Optional[Plan]:
         """Where the search's own path found none that fits: the plan that fits

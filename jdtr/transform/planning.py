@@ -199,6 +199,7 @@ class Planning:
     strategies: dict = dataclasses.field(default_factory=dict)  # the same step under other scan strategies
     traced: Any = None  # the forward's jaxpr, to unroll its scans where no strategy fits
     scale: Optional[DeviceScale] = None  # sharded arguments: bytes per device against the model's
+    unrolled: bool = False  # the fallback: a step whose kept scans are unrolled, no strategy having fit
 
     @property
     def scan_memory(self) -> dict[int, ScanMemory]:
@@ -234,7 +235,9 @@ class Planning:
         if "unrolled" not in self.strategies:
             forward = normalize(self.traced, shardings=placements(self.config.arguments.traced_specs), keep_custom=True)
             vg = _value_and_grad_program(self.config, forward)
-            self.strategies["unrolled"] = Planning(self.config, forward, vg, self.unconstrained, scale=self.scale)
+            self.strategies["unrolled"] = Planning(
+                self.config, forward, vg, self.unconstrained, scale=self.scale, unrolled=True
+            )
         yield self.strategies["unrolled"]
 
     @functools.cached_property
