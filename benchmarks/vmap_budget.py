@@ -2,8 +2,9 @@
 
 Per-example gradients of shared parameters (`in_axes=(None, 0)`) and an
 ensemble (`in_axes=(0, 0)`), on tanh MLPs where the per-example gradients
-dominate the step and where activations do, and on a GRU in `lax.scan`
-(shared weights, per-example gradients). For each budget (a fraction
+dominate the step and where activations do, on a GRU in `lax.scan` and on
+a WaveNet of dilated causal convolutions (shared weights, per-example
+gradients; `--only WaveNet` runs one). For each budget (a fraction
 of `vmap(jax.grad)`'s compiled bytes): the jitted batched step's XLA bytes
 over `vmap(jax.grad)`'s and over the budget, its step time over
 `vmap(jax.grad)`'s (medians of interleaved runs), the largest difference
@@ -71,6 +72,37 @@ def gru(steps: int, features: int, hidden: int, examples: int):
     return loss, (params, xs), (None, 0)
 
 
+def wavenet(layers: int, channels: int, length: int, examples: int):
+    """One example's loss: `layers` dilated causal 1-D convolutions (dilation
+    2^i) with gated activations and residual 1x1 convolutions, predicting the
+    next sample; shared weights, per-example gradients."""
+    keys = jax.random.split(jax.random.PRNGKey(0), 2 * layers + 3)
+    c = channels
+    params = {
+        "in": jax.random.normal(keys[0], (2, 1, c)) * 0.5,
+        "layers": [
+            {"f": jax.random.normal(keys[1 + 2 * i], (2, c, 2 * c)) / (2 * c) ** 0.5,
+             "r": jax.random.normal(keys[2 + 2 * i], (1, c, c)) / c**0.5}
+            for i in range(layers)
+        ],
+        "out": jax.random.normal(keys[-2], (c, 1)) / c**0.5,
+    }
+    xs = jax.random.normal(keys[-1], (examples, 4, length, 1))
+
+    def causal(x, w, dilation):
+        x = jnp.pad(x, ((0, 0), ((w.shape[0] - 1) * dilation, 0), (0, 0)))
+        return jax.lax.conv_general_dilated(x, w, (1,), "VALID", rhs_dilation=(dilation,), dimension_numbers=("NWC", "WIO", "NWC"))
+
+    def loss(p, x):
+        h = causal(x, p["in"], 1)
+        for i, layer in enumerate(p["layers"]):
+            z = causal(h, layer["f"], 2**i)
+            h = h + causal(jnp.tanh(z[..., :c]) * jax.nn.sigmoid(z[..., c:]), layer["r"], 1)
+        return jnp.mean(((h @ p["out"])[:, :-1] - x[:, 1:]) ** 2)
+
+    return loss, (params, xs), (None, 0)
+
+
 MODELS = {
     "per-example gradients dominate: 4x128, 64 examples of 32 rows":
         lambda: tanh_mlp(layers=4, width=128, examples=64, rows=32, ensemble=False),
@@ -79,6 +111,8 @@ MODELS = {
     "ensemble: 8x64, 16 members, 512 rows": lambda: tanh_mlp(layers=8, width=64, examples=16, rows=512, ensemble=True),
     "GRU in lax.scan, 128 steps, hidden 128, 8 examples": lambda: gru(steps=128, features=64, hidden=128, examples=8),
     "GRU in lax.scan, 512 steps, hidden 256, 16 examples": lambda: gru(steps=512, features=64, hidden=256, examples=16),
+    "WaveNet: 8 dilated causal conv layers, 32 channels, length 2048, 8 examples":
+        lambda: wavenet(layers=8, channels=32, length=2048, examples=8),
 }
 
 
@@ -86,11 +120,14 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--ratios", type=float, nargs="+", default=[1.0, 0.7, 0.5])
     parser.add_argument("--repeats", type=int, default=7)
+    parser.add_argument("--only", nargs="+", default=(), help="models whose name contains one of these")
     args = parser.parse_args()
     print(machine())
     print("| model | budget | bytes / vmap(jax.grad)'s | bytes / budget | step / vmap(jax.grad)'s | max error | planning s |")
     print("|---|---|---|---|---|---|---|")
     for name, model in MODELS.items():
+        if args.only and not any(word in name for word in args.only):
+            continue
         loss, example, in_axes = model()
         plain = jax.vmap(jax.grad(loss), in_axes=in_axes)
         full = compiled(plain, example)[1]
