@@ -287,10 +287,11 @@ def _undecided(element: Any) -> Any:
 # cotangent made a predicate per example, and so a taint per example: added
 # to a convolution's kernel, it made the shared kernel one per example, and
 # XLA ran the recomputed convolutions grouped by example, its slow form on
-# the CPU (a WaveNet's mapped step: 1.2-1.33x `vmap(jax.grad)`'s, with 28
-# grouped convolutions against its 17; one predicate for the batch: 17, and
-# 0.99-1.07x). A cond on a predicate per example also runs as a select of
-# both branches. Every example's predicate is true, so the batch's is too.
+# the CPU (a WaveNet's mapped step: 1.2-1.33x `vmap(jax.grad)`'s, with
+# 28-35 grouped convolutions against its 17; one predicate for the batch:
+# 17, and 0.94-1.07x). A cond on a predicate per example also runs as a
+# select of both branches. Every example's predicate is true, so the
+# batch's is too.
 @custom_vmap
 def _one_for_the_batch(predicate: Any) -> Any:
     return predicate
