@@ -26,6 +26,7 @@ import jax
 import jax.numpy as jnp
 
 import jdtr
+from jdtr import models
 
 sys.path.insert(0, __file__.rsplit("/", 1)[0])
 from conv_benchmark import steps  # noqa: E402
@@ -73,34 +74,9 @@ def gru(steps: int, features: int, hidden: int, examples: int):
 
 
 def wavenet(layers: int, channels: int, length: int, examples: int):
-    """One example's loss: `layers` dilated causal 1-D convolutions (dilation
-    2^i) with gated activations and residual 1x1 convolutions, predicting the
-    next sample; shared weights, per-example gradients."""
-    keys = jax.random.split(jax.random.PRNGKey(0), 2 * layers + 3)
-    c = channels
-    params = {
-        "in": jax.random.normal(keys[0], (2, 1, c)) * 0.5,
-        "layers": [
-            {"f": jax.random.normal(keys[1 + 2 * i], (2, c, 2 * c)) / (2 * c) ** 0.5,
-             "r": jax.random.normal(keys[2 + 2 * i], (1, c, c)) / c**0.5}
-            for i in range(layers)
-        ],
-        "out": jax.random.normal(keys[-2], (c, 1)) / c**0.5,
-    }
-    xs = jax.random.normal(keys[-1], (examples, 4, length, 1))
-
-    def causal(x, w, dilation):
-        x = jnp.pad(x, ((0, 0), ((w.shape[0] - 1) * dilation, 0), (0, 0)))
-        return jax.lax.conv_general_dilated(x, w, (1,), "VALID", rhs_dilation=(dilation,), dimension_numbers=("NWC", "WIO", "NWC"))
-
-    def loss(p, x):
-        h = causal(x, p["in"], 1)
-        for i, layer in enumerate(p["layers"]):
-            z = causal(h, layer["f"], 2**i)
-            h = h + causal(jnp.tanh(z[..., :c]) * jax.nn.sigmoid(z[..., c:]), layer["r"], 1)
-        return jnp.mean(((h @ p["out"])[:, :-1] - x[:, 1:]) ** 2)
-
-    return loss, (params, xs), (None, 0)
+    """`models.wavenet`: per-example gradients of shared weights."""
+    made = models.wavenet(layers, channels, length, examples)
+    return made.loss, (made.params, made.batch), (None, 0)
 
 
 MODELS = {

@@ -955,7 +955,7 @@ def test_where_the_search_finds_none_it_takes_the_fitting_plan_measured_before()
     from jdtr.transform.plan_search import PlanSearch
 
     def plan(gate, nbytes):
-        segment = SimpleNamespace(start=0, stop=nbytes, saved=(), children=())
+        segment = SimpleNamespace(start=0, stop=nbytes, saved=(), children=(), signatures=frozenset())
         return SimpleNamespace(gate=gate, tied=False, compiled_bytes=nbytes, segments=(segment,))
 
     search = PlanSearch.__new__(PlanSearch)

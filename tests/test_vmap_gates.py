@@ -11,41 +11,11 @@ example, and XLA ran the recomputed convolutions grouped by example
 from __future__ import annotations
 
 import jax
-import jax.numpy as jnp
-from jax import lax
 
 import jdtr
+from jdtr import models
 
 from test_plan import assert_trees_close, compiled_total
-
-
-def _dilated_convolutions(layers: int = 6, channels: int = 16, length: int = 512, examples: int = 4):
-    """One example's loss: a small WaveNet (causal 1-D convolutions dilated
-    2^i, gated, each with a 1x1 convolution back onto the residual stream),
-    predicting its next sample; weights shared by the examples."""
-    keys = iter(jax.random.split(jax.random.PRNGKey(0), 2 * layers + 2))
-    c = channels
-    params = {
-        "in": jax.random.normal(next(keys), (2, 1, c)),
-        "layers": [
-            (jax.random.normal(next(keys), (2, c, 2 * c)) / (2 * c) ** 0.5, jax.random.normal(next(keys), (1, c, c)) / c**0.5)
-            for _ in range(layers)
-        ],
-    }
-    xs = jax.random.normal(next(keys), (examples, 4, length, 1))
-
-    def causal(h, w, dilation):
-        h = jnp.pad(h, ((0, 0), ((w.shape[0] - 1) * dilation, 0), (0, 0)))
-        return lax.conv_general_dilated(h, w, (1,), "VALID", rhs_dilation=(dilation,), dimension_numbers=("NWC", "WIO", "NWC"))
-
-    def loss(params, x):
-        h = causal(x, params["in"], 1)
-        for i, (gate, back) in enumerate(params["layers"]):
-            z = causal(h, gate, 2**i)
-            h = h + causal(jnp.tanh(z[..., :c]) * jax.nn.sigmoid(z[..., c:]), back, 1)
-        return jnp.mean((h.mean(-1)[:, :-1] - x[:, 1:, 0]) ** 2)
-
-    return loss, params, xs
 
 
 def _grouped_convolutions(fn, *args) -> int:
@@ -65,7 +35,8 @@ def test_per_example_gradients_recompute_convolutions_with_the_shared_kernel():
     recomputed convolution too, and compiled over the budget, so the
     batched step was planned with a copy of the weights per example
     instead: 66 grouped convolutions against 13, planned in 46 s, not 7."""
-    loss, params, xs = _dilated_convolutions()
+    wavenet = models.wavenet(layers=6, channels=16, length=512, examples=4)
+    loss, params, xs = wavenet.loss, wavenet.params, wavenet.batch
     plain = jax.vmap(jax.grad(loss), in_axes=(None, 0))
     planned = jax.vmap(jdtr.remat_grad(loss, budget=0.5, autotune=False), in_axes=(None, 0))
     full = compiled_total(plain, params, xs)

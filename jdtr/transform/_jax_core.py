@@ -467,3 +467,31 @@ def constrain(x: Any, sharding: Any) -> Any:
     if reshard is not None and explicit is not None and explicit in tuple(getattr(sharding.mesh, "axis_types", ()) or ()):
         return reshard(x, sharding.spec)
     return jax.lax.with_sharding_constraint(x, sharding)
+
+
+def rebound_under_jvp(
+    fn: Any, structs: Sequence[Any], differentiable: Sequence[bool], name: str, outputs: int
+) -> list[tuple[tuple, tuple]]:
+    """The input avals, and the avals of the outputs past the first
+    `outputs`, of each `name` equation that JAX's derivative of `fn` (one
+    primitive, on `structs`) binds with more than `outputs` outputs:
+    values its rule makes beside the primal ones and keeps for the backward
+    pass, which no `checkpoint_name` can reach (a `sort`'s permutation, from
+    an iota sorted with the keys). A policy can save them only by the
+    primitive and the avals it is shown (`SavePolicy.signatures`)."""
+
+    def tangents_of(*xs):
+        floats = [x for x, d in zip(xs, differentiable) if d]
+
+        def of_floats(*fs):
+            it = iter(fs)
+            return fn(*(next(it) if d else x for x, d in zip(xs, differentiable)))
+
+        return jax.jvp(of_floats, floats, floats)
+
+    jaxpr = jax.make_jaxpr(tangents_of)(*structs).jaxpr
+    return [
+        (tuple(v.aval for v in eqn.invars), tuple(v.aval for v in eqn.outvars[outputs:]))
+        for eqn in jaxpr.eqns
+        if eqn.primitive.name == name and len(eqn.outvars) > outputs
+    ]

@@ -31,8 +31,9 @@ class Timing:
       seconds: median wall time of one step.
       segments: the plan's number of top-level checkpoint segments.
       chosen: whether this candidate became the plan.
-      origin: "dtr" (read from a DTR simulation) or "uniform" (evenly
-        spaced segments that save nothing inside); see `Plan.origin`.
+      origin: "dtr" (read from a DTR simulation), "uniform" (evenly
+        spaced segments that save nothing inside) or "costly" (the values
+        dearest to recompute per byte saved); see `Plan.origin`.
     """
 
     compiled_bytes: int

@@ -82,7 +82,10 @@ class Plan:
         for the autotuning candidate of evenly spaced segments that save
         nothing inside (Chen et al.'s sqrt(N) checkpointing, or such segments
         of equal compute nested to the left, `segments.nested_left`;
-        `simulated` is then DTR's run at the budget, for comparison); "none" where
+        `simulated` is then DTR's run at the budget, for comparison); "costly"
+        for the autotuning candidate that saves every value whose equation
+        costs at least some compute per byte (`costly.costly_plan`: sorts and
+        matmuls kept, elementwise chains recomputed); "none" where
         `jax.grad`'s own step fits the budget: no segments, nothing recomputed.
       gate: where segments are protected (on the CPU), how: "auto" gates the
         recomputation of a segment holding a convolution by a taint and any
@@ -166,7 +169,9 @@ class Plan:
         mixed = {sig: (saved[sig], saved[sig] + recomputed[sig]) for sig in saved if recomputed[sig]}
         if mixed or nested:
             warnings.warn(PolicyWarning(mixed, tuple(nested)), stacklevel=3)  # the caller, past cached_property
-        return SavePolicy(names, frozenset(saved))
+        # (and what derivatives keep that no name reaches: `costly.hidden_residuals`)
+        hidden = frozenset(sig for s in self.segments for leaf in s.leaves() for sig in leaf.signatures)
+        return SavePolicy(names, frozenset(saved) | hidden)
 
     # ---------------------------------------------------------------- running
 
@@ -200,6 +205,8 @@ class Plan:
             head = f"no remat: `jax.grad`'s own step fits the budget ({simulation})"
         elif self.origin == "uniform":
             head = f"{len(self.segments)} uniform segments saving nothing inside (DTR at this budget: {simulation})"
+        elif self.origin == "costly":
+            head = f"{len(self.segments)} segments saving the values dearest to recompute per byte (DTR at this budget: {simulation})"
         else:
             head = f"{len(self.segments)} segments, {simulation}"
         lines = [f"jdtr plan: budget {format_bytes(self.budget_bytes)}, {head}"]
@@ -214,7 +221,7 @@ class Plan:
         if self.timings:
             chosen = next(t for t in self.timings if t.chosen)
             others = ", ".join(
-                f"{format_bytes(t.compiled_bytes)} {t.seconds * 1e3:.1f} ms" + (" (uniform)" if t.origin == "uniform" else "")
+                f"{format_bytes(t.compiled_bytes)} {t.seconds * 1e3:.1f} ms" + (f" ({t.origin})" if t.origin != "dtr" else "")
                 for t in self.timings
                 if not t.chosen
             )
@@ -236,6 +243,8 @@ class Plan:
                 item = producer.get(v)
                 where = f"{item.name} at {item.source}" if item is not None else "input"
                 lines.append(f"{indent}  {v.dtype}{list(v.shape)} saved: output of {where}")
+            for name, avals in sorted(seg.signatures):
+                lines.append(f"{indent}  saved by signature: every {name} of {', '.join(f'{d}{list(s)}' for s, d in avals)}")
             for child in seg.children:
                 describe(child, indent + "  ")
 
@@ -256,6 +265,8 @@ def layout(plan: Plan) -> tuple:
     """What makes two plans the same step: their cuts, nesting and what they save."""
 
     def of(segments: Sequence[Segment]) -> tuple:
-        return tuple((seg.start, seg.stop, tuple(v.id for v in seg.saved), of(seg.children)) for seg in segments)
+        return tuple(
+            (seg.start, seg.stop, tuple(v.id for v in seg.saved), of(seg.children), seg.signatures) for seg in segments
+        )
 
     return (plan.gate, plan.tied, of(plan.segments))

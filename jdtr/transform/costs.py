@@ -29,6 +29,15 @@ TRANSCENDENTAL = frozenset(
     "exp exp2 expm1 log log1p tanh logistic sin cos tan asin acos atan atan2 sinh cosh asinh acosh atanh "
     "erf erfc erf_inv lgamma digamma igamma pow rsqrt sqrt cbrt".split()
 )
+# Primitives that order their operand along one axis: costed as a bitonic
+# sorting network over it, L(L+1)/2 passes of its bytes for L = ceil(log2 n)
+# (what XLA's sort kernel on a GPU runs; a comparison loop on the CPU costs
+# more). Counted as one op per element, a sort of 512x128 floats cost about a
+# matmul of the same bytes, where it ran 30x longer on the CPU (6 against 0.2
+# ms), and a plan that kept the matmul's output recomputed the sort. `top_k`
+# is costed as the sort of its operand, as XLA lowers it where no partial
+# sort is at hand.
+SORTING = frozenset(("sort", "top_k"))
 # Primitives that only move or view data: no arithmetic.
 DATA_MOVEMENT = frozenset(
     "broadcast_in_dim reshape transpose squeeze expand_dims slice dynamic_slice dynamic_update_slice gather "
@@ -115,8 +124,13 @@ def count(name: str, params: dict, in_avals: Sequence[Any], out_avals: Sequence[
         flops = 2.0 * out_elems * window * in_features
     elif name in TRANSCENDENTAL:
         transcendentals = float(out_elems)
+    elif name in SORTING and in_avals and in_avals[0].shape:
+        axis = params.get("dimension", -1) if name == "sort" else -1
+        levels = int(np.ceil(np.log2(max(in_avals[0].shape[axis], 2))))
+        flops = float(max(out_elems, sum(_size(a) for a in in_avals)))
+        nbytes = [sum(nbytes) * levels * (levels + 1) // 2]
     elif name not in DATA_MOVEMENT:
-        # elementwise, reductions, scans, sorts, scatters: one op per input element
+        # elementwise, reductions, scans, scatters: one op per input element
         flops = float(max(out_elems, sum(_size(a) for a in in_avals)))
     structs = lambda avals: tuple(jax.ShapeDtypeStruct(a.shape, a.dtype) for a in avals)  # noqa: E731
     return OpInfo(name, structs(in_avals), structs(out_avals), flops, transcendentals, float(sum(nbytes)))

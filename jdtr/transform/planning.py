@@ -46,6 +46,7 @@ from .autotune import Timing, can_autotune, example_inputs, median_step_seconds
 from .checkpoint import named_forward, run_segments
 from .checkpoint_plan import Plan, layout
 from .compiled import CompiledStep, compile_all, compiled_bytes, lower, measure_options
+from .costly import costly_candidate
 from .devices import DeviceScale, device_scale, is_sharded, placed_scale, placements, unsharded
 from .lowering import simulation
 from .plan_search import (
@@ -467,6 +468,9 @@ def make_plan(
     compiled = planning.compile(itertools.chain(searched, chosen_candidates()), run=True)
     for candidate, step in compiled[len(searched):]:
         search.record(candidate, step.nbytes)
+    # Where DTR's plan reruns much of what a plan saving the values dearest to
+    # recompute would keep (sorts): measured, and timed with the others if it fits.
+    costly_candidate(search, chosen)
     fitting = timed(search.compiled)
     if not fitting:
         return chosen  # none can run beside the copy within the budget: chosen by memory

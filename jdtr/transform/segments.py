@@ -75,10 +75,13 @@ class Segment:
     # it, it is run forward again, its children keep their own inputs and
     # saved values, and then each child recomputes itself in turn.
     children: tuple["Segment", ...] = ()
+    # Also saved: the outputs of equations JAX's derivatives bind with these
+    # signatures (`signature`), values no name reaches (`costly.hidden_residuals`).
+    signatures: frozenset = frozenset()
 
     @property
     def policy(self) -> SavePolicy:
-        return SavePolicy(frozenset(NAME_PREFIX + str(v.id) for v in self.saved))
+        return SavePolicy(frozenset(NAME_PREFIX + str(v.id) for v in self.saved), self.signatures)
 
     @property
     def depth(self) -> int:
@@ -323,8 +326,8 @@ def _recompute_cost(program: Program, seg: Segment) -> float:
     if not seg.children:
         recomputed = set(seg.recomputed)
         items = program.body[seg.start : seg.stop]
-        return sum(_item_cost(item) for item in items if any(v in recomputed for v in item.outputs))
-    again = sum(_item_cost(item) for item in program.body[seg.start : seg.stop])
+        return sum(item_cost(item) for item in items if any(v in recomputed for v in item.outputs))
+    again = sum(item_cost(item) for item in program.body[seg.start : seg.stop])
     return again + sum(_recompute_cost(program, c) for c in seg.children)
 
 
@@ -333,7 +336,8 @@ def recompute_cost(program: Program, segments: Sequence[Segment]) -> float:
     return sum(_recompute_cost(program, seg) for seg in segments)
 
 
-def _item_cost(item) -> float:
+def item_cost(item) -> float:
+    """An item's cost in the cost model's units (1 where it has none: a cond, a measured cost)."""
     if isinstance(item, Equation):
         return item.cost if item.cost is not None else 1.0
     return 1.0
@@ -538,7 +542,7 @@ class _Uniform:
         self.crossings = crossings = _crossings(program)
         self.before = [0]
         for item in program.body:
-            weight = _item_cost(item) if by_cost else sum(v.nbytes for v in item.outputs if v in residuals)
+            weight = item_cost(item) if by_cost else sum(v.nbytes for v in item.outputs if v in residuals)
             self.before.append(self.before[-1] + weight)
         self.crossing = [0, *(_crossing_bytes(crossings, i, set()) for i in range(1, len(program.body)))]
         self.memo: dict = {}

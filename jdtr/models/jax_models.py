@@ -1,14 +1,6 @@
-"""Reference models in plain JAX, shared by tests, benchmarks and notebooks
-(and five in Flax NNX, `batchnorm_cnn`, `flax_gpt`, `flax_resnet_groupnorm`,
-`flax_scan_lstm` and `flax_scan_gpt`, which import flax and optax when called).
-
-Layer 0 of docs/design.md's map: public, for users to try jdtr on, but not
-part of the library's machinery (nothing under `jdtr/` imports it).
-
-Each factory returns a `Model`: a scalar loss `loss(params, batch)`, and
-initial params and a batch built from a seed. Sizes are arguments, so tests
-use small ones and benchmarks large ones.
-"""
+"""Reference models in plain JAX (`jdtr.models`' own): chains, convolutional
+nets, a transformer, an RNN, a model under `shard_map`, layers of sorts, and
+a WaveNet for per-example gradients."""
 
 from __future__ import annotations
 
@@ -365,224 +357,55 @@ def megatron_shard_map(mesh: Any, layers: int = 4, width: int = 128, batch: int 
     return Model(f"megatron_shard_map{layers}x{width}_b{batch}", loss, params, x)
 
 
-def batchnorm_cnn(batch: int = 64, seed: int = 0) -> Model:
-    """A small Flax NNX CNN with BatchNorm (issue 21's): where the paper's
-    heuristics run out of budget at 0.6 of its peak and recompute 1.5x more
-    than the optimum at 0.7. Its batch is (images, integer labels)."""
-    import optax
-    from flax import nnx
+def sorted_layers(layers: int = 6, batch: int = 512, width: int = 128, k: int = 16, seed: int = 2) -> Model:
+    """Layers of matmul, tanh, a sort along the features, `top_k` and a
+    softmax gate: a program whose costliest operations (the sorts, most of
+    the step on the CPU) make no residual of their own (their derivative
+    reads the permutation), for `costly.py`'s candidate."""
+    keys = jax.random.split(jax.random.PRNGKey(seed), layers + 1)
+    params = [jax.random.normal(key, (width, width)) / width**0.5 for key in keys[:-1]]
+    x = jax.random.normal(keys[-1], (batch, width))
 
-    class Net(nnx.Module):
-        def __init__(self, rngs):
-            self.c1 = nnx.Conv(1, 16, (3, 3), rngs=rngs)
-            self.bn = nnx.BatchNorm(16, rngs=rngs)
-            self.c2 = nnx.Conv(16, 16, (3, 3), rngs=rngs)
-            self.out = nnx.Linear(16 * 8 * 8, 10, rngs=rngs)
+    def loss(params, x):
+        h = x
+        for w in params:
+            h = jnp.sort(jnp.tanh(h @ w), axis=-1)
+            top, _ = lax.top_k(h, k)
+            h = h + jnp.mean(top, -1, keepdims=True)
+            h = h * jax.nn.softmax(h, -1)
+        return jnp.mean(h**2)
 
-        def __call__(self, x):
-            h = nnx.relu(self.bn(self.c1(x)))
-            h = nnx.relu(self.c2(h)) + h
-            return self.out(h.reshape(h.shape[0], -1))
-
-    graphdef, state = nnx.split(Net(nnx.Rngs(seed)))
-
-    def loss(params, batch):
-        x, y = batch
-        return optax.softmax_cross_entropy_with_integer_labels(nnx.merge(graphdef, params)(x), y).mean()
-
-    x = jax.random.normal(jax.random.PRNGKey(seed), (batch, 8, 8, 1))
-    return Model(f"batchnorm_cnn_b{batch}", loss, state, (x, jnp.arange(batch) % 10))
+    return Model(f"sorted_layers{layers}x{width}_b{batch}", loss, params, x)
 
 
-# ------------------------------------------------ Flax NNX models of issue 21's
-# measures (a GPT, a ResNet with GroupNorm, a scan LSTM): the kinds of model the
-# goals are checked on, written as users write them. Each imports flax and optax
-# when called, as `batchnorm_cnn` does.
-
-
-def _gpt_block(dim: int, heads: int):
-    """A pre-norm GPT block in Flax NNX: causal self-attention and a GELU MLP."""
-    from flax import nnx
-
-    class Block(nnx.Module):
-        def __init__(self, rngs):
-            self.ln1, self.ln2 = nnx.LayerNorm(dim, rngs=rngs), nnx.LayerNorm(dim, rngs=rngs)
-            self.attn = nnx.MultiHeadAttention(heads, dim, decode=False, rngs=rngs)
-            self.fc1, self.fc2 = nnx.Linear(dim, 4 * dim, rngs=rngs), nnx.Linear(4 * dim, dim, rngs=rngs)
-
-        def __call__(self, x, mask):
-            x = x + self.attn(self.ln1(x), mask=mask)
-            return x + self.fc2(nnx.gelu(self.fc1(self.ln2(x))))
-
-    return Block
-
-
-def _next_token_model(module, batch: int, seq: int, vocab: int, seed: int):
-    """The next-token loss of an NNX language model on its state, the state, and token ids."""
-    import optax
-    from flax import nnx
-
-    graphdef, state = nnx.split(module)
-
-    def loss(params, tokens):
-        logits = nnx.merge(graphdef, params)(tokens[:, :-1])
-        return optax.softmax_cross_entropy_with_integer_labels(logits, tokens[:, 1:]).mean()
-
-    tokens = jax.random.randint(jax.random.PRNGKey(seed), (batch, seq + 1), 0, vocab)
-    return loss, state, tokens
-
-
-def flax_gpt(layers: int = 4, dim: int = 128, heads: int = 4, seq: int = 128, batch: int = 8, vocab: int = 256, seed: int = 0) -> Model:
-    """A GPT in Flax NNX: pre-norm blocks of causal self-attention and a GELU
-    MLP; the batch is token ids (batch, seq + 1), next-token loss."""
-    from flax import nnx
-
-    Block = _gpt_block(dim, heads)
-
-    class GPT(nnx.Module):
-        def __init__(self, rngs):
-            self.embed, self.position = nnx.Embed(vocab, dim, rngs=rngs), nnx.Embed(seq, dim, rngs=rngs)
-            self.blocks = nnx.List([Block(rngs) for _ in range(layers)])
-            self.ln, self.head = nnx.LayerNorm(dim, rngs=rngs), nnx.Linear(dim, vocab, rngs=rngs)
-
-        def __call__(self, tokens):
-            x = self.embed(tokens) + self.position(jnp.arange(tokens.shape[1]))
-            mask = nnx.make_causal_mask(tokens)
-            for block in self.blocks:
-                x = block(x, mask)
-            return self.head(self.ln(x))
-
-    loss, state, tokens = _next_token_model(GPT(nnx.Rngs(seed)), batch, seq, vocab, seed)
-    return Model(f"flax_gpt{layers}x{dim}_s{seq}_b{batch}", loss, state, tokens)
-
-
-def flax_resnet_groupnorm(blocks: int = 8, channels: int = 32, image: int = 32, batch: int = 16, seed: int = 0) -> Model:
-    """A ResNet in Flax NNX: residual blocks of two 3x3 convolutions with
-    GroupNorm; the batch is (images, integer labels)."""
-    import optax
-    from flax import nnx
-
-    class Block(nnx.Module):
-        def __init__(self, rngs):
-            self.c1, self.c2 = nnx.Conv(channels, channels, (3, 3), rngs=rngs), nnx.Conv(channels, channels, (3, 3), rngs=rngs)
-            self.n1 = nnx.GroupNorm(channels, num_groups=8, rngs=rngs)
-            self.n2 = nnx.GroupNorm(channels, num_groups=8, rngs=rngs)
-
-        def __call__(self, x):
-            h = nnx.relu(self.n1(self.c1(x)))
-            return nnx.relu(x + self.n2(self.c2(h)))
-
-    class Net(nnx.Module):
-        def __init__(self, rngs):
-            self.stem = nnx.Conv(3, channels, (3, 3), rngs=rngs)
-            self.blocks = nnx.List([Block(rngs) for _ in range(blocks)])
-            self.out = nnx.Linear(channels, 10, rngs=rngs)
-
-        def __call__(self, x):
-            x = self.stem(x)
-            for block in self.blocks:
-                x = block(x)
-            return self.out(x.mean(axis=(1, 2)))
-
-    graphdef, state = nnx.split(Net(nnx.Rngs(seed)))
-
-    def loss(params, batch):
-        x, y = batch
-        return optax.softmax_cross_entropy_with_integer_labels(nnx.merge(graphdef, params)(x), y).mean()
-
-    x = jax.random.normal(jax.random.PRNGKey(seed), (batch, image, image, 3))
-    return Model(f"flax_resnet_gn{blocks}x{channels}_i{image}_b{batch}", loss, state, (x, jnp.arange(batch) % 10))
-
-
-def flax_unet(channels: int = 16, image: int = 32, batch: int = 16, seed: int = 0) -> Model:
-    """A two-level U-Net in Flax NNX, regressing a one-channel map: 3x3
-    convolutions with GELU and SiLU, an average pool down, nearest
-    `jax.image.resize` up (a gather, whose pullback scatters into zeros), a
-    LayerNorm, and skips concatenated across the bottleneck and from the
-    first layer to the last."""
-    from flax import nnx
-
+def wavenet(layers: int = 8, channels: int = 32, length: int = 2048, examples: int = 8, seed: int = 0) -> Model:
+    """A WaveNet for per-example gradients: `layers` dilated causal 1-D
+    convolutions (dilation 2^i) with gated activations and residual 1x1
+    convolutions, predicting the next sample. `loss(params, x)` is one
+    example's; the batch holds `examples` of them along its first axis
+    (`jax.vmap(..., in_axes=(None, 0))`), each 4 sequences of `length`."""
+    keys = jax.random.split(jax.random.PRNGKey(seed), 2 * layers + 3)
     c = channels
+    params = {
+        "in": jax.random.normal(keys[0], (2, 1, c)) * 0.5,
+        "layers": [
+            {"f": jax.random.normal(keys[1 + 2 * i], (2, c, 2 * c)) / (2 * c) ** 0.5,
+             "r": jax.random.normal(keys[2 + 2 * i], (1, c, c)) / c**0.5}
+            for i in range(layers)
+        ],
+        "out": jax.random.normal(keys[-2], (c, 1)) / c**0.5,
+    }
+    xs = jax.random.normal(keys[-1], (examples, 4, length, 1))
 
-    class Net(nnx.Module):
-        def __init__(self, rngs):
-            self.down1 = nnx.Conv(3, c, (3, 3), rngs=rngs)
-            self.down2 = nnx.Conv(c, 2 * c, (3, 3), rngs=rngs)
-            self.mid = nnx.Conv(2 * c, 2 * c, (3, 3), rngs=rngs)
-            self.up = nnx.Conv(4 * c, c, (3, 3), rngs=rngs)
-            self.norm = nnx.LayerNorm(c, rngs=rngs)
-            self.out = nnx.Conv(2 * c, 1, (1, 1), rngs=rngs)
+    def causal(x, w, dilation):
+        x = jnp.pad(x, ((0, 0), ((w.shape[0] - 1) * dilation, 0), (0, 0)))
+        return lax.conv_general_dilated(x, w, (1,), "VALID", rhs_dilation=(dilation,), dimension_numbers=("NWC", "WIO", "NWC"))
 
-        def __call__(self, x):
-            h1 = nnx.gelu(self.down1(x))
-            h2 = nnx.silu(self.down2(nnx.avg_pool(h1, (2, 2), strides=(2, 2))))
-            u = jnp.concatenate([nnx.relu(self.mid(h2)) + h2, h2], -1)
-            u = jax.image.resize(u, (u.shape[0], 2 * u.shape[1], 2 * u.shape[2], u.shape[3]), "nearest")
-            u = self.norm(nnx.relu(self.up(u)))
-            return self.out(jnp.concatenate([u, h1], -1))
+    def loss(p, x):
+        h = causal(x, p["in"], 1)
+        for i, layer in enumerate(p["layers"]):
+            z = causal(h, layer["f"], 2**i)
+            h = h + causal(jnp.tanh(z[..., :c]) * jax.nn.sigmoid(z[..., c:]), layer["r"], 1)
+        return jnp.mean(((h @ p["out"])[:, :-1] - x[:, 1:]) ** 2)
 
-    graphdef, state = nnx.split(Net(nnx.Rngs(seed)))
-
-    def loss(params, batch):
-        x, y = batch
-        return jnp.mean((nnx.merge(graphdef, params)(x) - y) ** 2)
-
-    kx, ky = jax.random.split(jax.random.PRNGKey(seed))
-    x = jax.random.normal(kx, (batch, image, image, 3))
-    y = jax.random.normal(ky, (batch, image, image, 1))
-    return Model(f"flax_unet{channels}_i{image}_b{batch}", loss, state, (x, y))
-
-
-def flax_scan_lstm(steps: int = 64, hidden: int = 256, features: int = 64, batch: int = 64, seed: int = 0) -> Model:
-    """An LSTM in Flax NNX (`OptimizedLSTMCell`) run by `lax.scan` over the
-    steps of its batch (steps, batch, features), a linear read-out of every step."""
-    from flax import nnx
-
-    class Net(nnx.Module):
-        def __init__(self, rngs):
-            self.cell = nnx.OptimizedLSTMCell(features, hidden, rngs=rngs)
-            self.out = nnx.Linear(hidden, 1, rngs=rngs)
-
-    graphdef, state = nnx.split(Net(nnx.Rngs(seed)))
-
-    def loss(params, xs):
-        net = nnx.merge(graphdef, params)
-        carry = (jnp.zeros((xs.shape[1], hidden)), jnp.zeros((xs.shape[1], hidden)))
-        _, hs = jax.lax.scan(lambda c, x: net.cell(c, x), carry, xs)
-        return jnp.mean(net.out(hs) ** 2)
-
-    xs = jax.random.normal(jax.random.PRNGKey(seed), (steps, batch, features))
-    return Model(f"flax_scan_lstm{steps}x{hidden}_b{batch}", loss, state, xs)
-
-
-def flax_scan_gpt(layers: int = 12, dim: int = 128, heads: int = 4, seq: int = 128, batch: int = 8, vocab: int = 256, seed: int = 0) -> Model:
-    """`flax_gpt` with its blocks' weights stacked and applied by `nnx.scan`
-    (the blocks made by `nnx.vmap`): the JAX idiom for deep models."""
-    from flax import nnx
-
-    Block = _gpt_block(dim, heads)
-
-    class GPT(nnx.Module):
-        def __init__(self, rngs):
-            self.embed, self.position = nnx.Embed(vocab, dim, rngs=rngs), nnx.Embed(seq, dim, rngs=rngs)
-
-            @nnx.split_rngs(splits=layers)
-            @nnx.vmap(in_axes=(0,), out_axes=0)
-            def blocks(rngs):
-                return Block(rngs)
-
-            self.blocks = blocks(rngs)
-            self.ln, self.head = nnx.LayerNorm(dim, rngs=rngs), nnx.Linear(dim, vocab, rngs=rngs)
-
-        def __call__(self, tokens):
-            x = self.embed(tokens) + self.position(jnp.arange(tokens.shape[1]))
-            mask = nnx.make_causal_mask(tokens)
-
-            @nnx.scan(in_axes=(nnx.Carry, 0), out_axes=nnx.Carry)
-            def run(x, block):
-                return block(x, mask)
-
-            return self.head(self.ln(run(x, self.blocks)))
-
-    loss, state, tokens = _next_token_model(GPT(nnx.Rngs(seed)), batch, seq, vocab, seed)
-    return Model(f"flax_scan_gpt{layers}x{dim}_s{seq}_b{batch}", loss, state, tokens)
+    return Model(f"wavenet{layers}x{channels}_l{length}_e{examples}", loss, params, xs)

@@ -1,0 +1,33 @@
+"""Reference models, shared by tests, benchmarks and notebooks: in plain JAX
+(`jax_models`) and in Flax NNX (`flax_models`: `batchnorm_cnn`, `flax_gpt`,
+`flax_resnet_groupnorm`, `flax_unet`, `flax_scan_lstm` and `flax_scan_gpt`,
+which import flax and optax when called).
+
+Layer 0 of docs/design.md's map: public, for users to try jdtr on, but not
+part of the library's machinery (nothing under `jdtr/` imports it).
+
+Each factory returns a `Model`: a scalar loss `loss(params, batch)`, and
+initial params and a batch built from a seed. Sizes are arguments, so tests
+use small ones and benchmarks large ones.
+"""
+
+from .flax_models import batchnorm_cnn, flax_gpt, flax_resnet_groupnorm, flax_scan_gpt, flax_scan_lstm, flax_unet
+from .jax_models import (
+    Model,
+    Segment,
+    gated_mlp,
+    megatron_shard_map,
+    mlp_chain,
+    plain_cnn,
+    resnet,
+    rnn,
+    sorted_layers,
+    transformer,
+    wavenet,
+)
+
+__all__ = [
+    "Model", "Segment", "batchnorm_cnn", "flax_gpt", "flax_resnet_groupnorm", "flax_scan_gpt", "flax_scan_lstm",
+    "flax_unet", "gated_mlp", "megatron_shard_map", "mlp_chain", "plain_cnn", "resnet", "rnn", "sorted_layers",
+    "transformer", "wavenet",
+]
