@@ -198,7 +198,8 @@ def costly_plan(planning: Any, base: Plan, target: float) -> Optional[Plan]:
     if planning.kept_scans:  # (its cuts would run through a kept scan's neighbours alone)
         return None
     forward, residuals, gradient_bytes = planning.forward, planning.residuals, planning.gradient_bytes
-    ratio = _ratios(forward)
+    # (floats, and the integer residuals: a key or an index no recomputation needs is not worth a name)
+    ratio = {v: r for v, r in _ratios(forward).items() if is_float(v) or v in residuals}
     dearest = sorted(ratio, key=lambda v: -ratio[v])  # (stable: among equals, in program order)
     levels = sorted(set(ratio.values()), reverse=True)
     if len(levels) > LEVELS:
