@@ -83,8 +83,8 @@ class Plan:
         nothing inside (Chen et al.'s sqrt(N) checkpointing, or such segments
         of equal compute nested to the left, `segments.nested_left`;
         `simulated` is then DTR's run at the budget, for comparison); "costly"
-        for the autotuning candidate that saves every value whose equation
-        costs at least some compute per byte (`costly.costly_plan`: sorts and
+        for the autotuning candidate that saves the values whose equations
+        cost the most compute per byte (`costly.costly_plan`: sorts and
         matmuls kept, elementwise chains recomputed); "none" where
         `jax.grad`'s own step fits the budget: no segments, nothing recomputed.
       gate: where segments are protected (on the CPU), how: "auto" gates the

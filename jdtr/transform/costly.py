@@ -15,10 +15,10 @@ step at half its bytes).
 
 `costly_plan` drops the staleness, which a compiled step has no use for,
 and saves the forward values of greatest c/m, as many as the memory model
-fits: sorts and matmuls are kept, elementwise chains recomputed. Some saved equations keep values no
-name reaches: JAX's derivative of a `sort` sorts an iota beside the keys
-and keeps the permutation (`hidden_residuals`); the segment saves those by
-the primitive's signature.
+fits: sorts and matmuls are kept, elementwise chains recomputed. Some
+saved equations keep values no name reaches: JAX's derivative of a `sort`
+sorts an iota beside the keys and keeps the permutation
+(`hidden_residuals`); the segment saves those by the primitive's signature.
 
 `rerun_cost` prices a plan as its compiled step runs it, by what the
 backward pass reruns, so that the planner offers this candidate only where
@@ -200,6 +200,8 @@ def costly_plan(planning: Any, base: Plan, target: float) -> Optional[Plan]:
     forward, residuals, gradient_bytes = planning.forward, planning.residuals, planning.gradient_bytes
     # (floats, and the integer residuals: a key or an index no recomputation needs is not worth a name)
     ratio = {v: r for v, r in _ratios(forward).items() if is_float(v) or v in residuals}
+    if not ratio:
+        return None
     dearest = sorted(ratio, key=lambda v: -ratio[v])  # (stable: among equals, in program order)
     levels = sorted(set(ratio.values()), reverse=True)
     if len(levels) > LEVELS:
@@ -236,9 +238,7 @@ def costly_candidate(search: Any, base: Plan, attempts: int = 3) -> Optional[Pla
     """`costly_plan` for `search`'s step, measured (`search.measure`: XLA's
     bytes), where it reruns `RERUN_GAIN` times less than `base`: the first
     that fits the budget, planning for proportionally less after one that
-    does not, as `search` does; None where none does. XLA's bytes for it
-    are further from the memory model than DTR's plans' (a chain of sorts at
-    0.7 of `jax.grad`'s bytes: predicted 9.4 MB, compiled 12.1)."""
+    does not, as `search` does with DTR's plans; None where none does."""
     planning, target, model = search.planning, search.target, search.effective_target
     for _ in range(attempts):
         plan = costly_plan(planning, base, model)
