@@ -374,6 +374,42 @@ def test_autotune_runs_no_copy_of_the_arguments_beside_the_budget(monkeypatch):
     assert len(traced.timings) < len(concrete.timings)  # the copy ruled some out
 
 
+@pytest.mark.parametrize("impl", ["threefry2x32", "rbg"])
+def test_autotune_under_jit_makes_typed_keys_of_their_own_implementation(impl, monkeypatch):
+    """Under `jax.jit` a typed key argument (dropout's) is abstract, and
+    autotuning, which times its candidates on example inputs there, made
+    none for it: it was skipped, and the plan chosen by memory alone. It
+    now makes keys of zero bits of the key's implementation, and times the
+    candidates; the step's gradients are `jax.grad`'s."""
+    from jdtr.transform import planning as cpn
+
+    made = []
+    real_examples = cpn.example_inputs
+    monkeypatch.setattr(cpn, "example_inputs", lambda structs: made.append(real_examples(structs)) or made[-1])
+    w = [jax.random.normal(jax.random.PRNGKey(i), (64, 64)) / 8 for i in range(8)]
+    x = jax.random.normal(jax.random.PRNGKey(9), (2048, 64))  # (activations, not arguments, dominate)
+    key = jax.random.key(3, impl=impl)
+
+    def loss(w, x, key):
+        for i, wi in enumerate(w):
+            x = jnp.tanh(x @ wi)
+            x = jnp.where(jax.random.bernoulli(jax.random.fold_in(key, i), 0.9, x.shape), x / 0.9, 0.0)
+        return jnp.mean(x**2)
+
+    plans = []
+
+    @jax.jit
+    def step(w, x, key):
+        plans.append(jdtr.plan(loss, w, x, key, budget=0.5))
+        return plans[-1].grad(w, x, key)
+
+    assert_trees_close(step(w, x, key), jax.grad(loss)(w, x, key), rtol=1e-4, atol=1e-5)
+    (plan,) = plans
+    assert len(plan.timings) >= 1 and plan.compiled_bytes <= plan.budget_bytes
+    [example_key] = [a for a in made[0] if jnp.issubdtype(a.dtype, jax.dtypes.prng_key)]
+    assert jax.random.key_impl(example_key) == jax.random.key_impl(key)
+
+
 def test_uniform_candidate_is_sqrt_n_checkpointing():
     """Autotuning also times evenly spaced segments that save nothing inside:
     on a chain of 16 layers that is about sqrt(16) segments, as small in

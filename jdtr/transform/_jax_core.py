@@ -495,3 +495,19 @@ def rebound_under_jvp(
         for eqn in jaxpr.eqns
         if eqn.primitive.name == name and len(eqn.outvars) > outputs
     ]
+
+
+
+
+def key_data_shape(dtype: Any) -> Optional[tuple]:
+    """The words of one typed PRNG key of `dtype` (its implementation's
+    `key_shape`); None where this JAX does not keep the implementation in
+    the dtype (then no key of it can be made from its type alone)."""
+    return getattr(getattr(dtype, "_impl", None), "key_shape", None)
+
+
+def zero_keys(shape: tuple, dtype: Any) -> Any:
+    """Typed PRNG keys of `dtype` (its own implementation) and `shape`, of
+    zero bits (`key_data_shape` must know the dtype)."""
+    words = key_data_shape(dtype)
+    return jax.random.wrap_key_data(np.zeros((*shape, *words), np.uint32), impl=dtype._impl)

@@ -21,6 +21,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from . import _jax_core
+
 
 @dataclass(frozen=True)
 class Timing:
@@ -44,13 +46,19 @@ class Timing:
 
 
 def can_autotune(structs: Sequence[jax.ShapeDtypeStruct]) -> bool:
-    """Whether example inputs can be made for these argument shapes (not for PRNG keys)."""
-    return not any(jnp.issubdtype(s.dtype, jax.dtypes.prng_key) for s in structs)
+    """Whether example inputs can be made for these argument shapes (PRNG
+    keys only where their type says their implementation)."""
+    return all(_jax_core.key_data_shape(s.dtype) is not None for s in structs if _is_key(s))
+
+
+def _is_key(struct: jax.ShapeDtypeStruct) -> bool:
+    return jnp.issubdtype(struct.dtype, jax.dtypes.prng_key)
 
 
 def example_inputs(structs: Sequence[jax.ShapeDtypeStruct], seed: int = 0) -> list[jax.Array]:
     """Arrays of these shapes: small normal floats (no overflow, no NaN, so no
-    slow paths) and zero integers (valid indices).
+    slow paths), zero integers (valid indices) and keys of zero bits (of the
+    keys' own implementation: random bits cost the same from any key).
 
     Made eagerly even while a `jax.jit` trace is being built, since the
     compiled steps they feed run now, during planning."""
@@ -58,6 +66,9 @@ def example_inputs(structs: Sequence[jax.ShapeDtypeStruct], seed: int = 0) -> li
     arrays = []
     with jax.ensure_compile_time_eval():
         for s in structs:
+            if _is_key(s):
+                arrays.append(_jax_core.zero_keys(s.shape, s.dtype))
+                continue
             if jnp.issubdtype(s.dtype, jnp.inexact):
                 host = (0.1 * rng.standard_normal(s.shape)).astype(s.dtype)
             else:

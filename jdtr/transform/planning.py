@@ -424,7 +424,7 @@ def make_plan(
     if not can_autotune(structs):
         if autotune:  # asked for explicitly: say why it did not happen
             warnings.warn(
-                "autotune needs example inputs and cannot make PRNG keys; the plan is chosen by memory", stacklevel=3
+                "autotune needs example inputs and cannot make PRNG keys of this JAX's types; the plan is chosen by memory", stacklevel=3
             )
         return chosen
     # Candidates: the plans DTR makes for smaller budgets, which also fit.
