@@ -28,14 +28,13 @@ it reruns less than DTR's own plan.
 from __future__ import annotations
 
 import dataclasses
-import weakref
 from typing import Any, Optional, Sequence
 
 import jax
 
 from . import _jax_core
 from .checkpoint_plan import Plan, layout
-from .program import Equation, Program, Value, signature
+from .program import Equation, Program, Value, definitions, signature
 from .segments import Segment, is_float, item_cost, predicted_bytes, segments
 
 # The candidate is offered where the backward pass of DTR's plan reruns at
@@ -92,10 +91,6 @@ def hidden_residuals(item: Any) -> Hidden:
     return found
 
 
-# Per program (weakly): each value's producer (`rerun_cost` walks back through them).
-_PRODUCERS: "weakref.WeakKeyDictionary[Program, dict]" = weakref.WeakKeyDictionary()
-
-
 def rerun_cost(program: Program, segs: Sequence[Segment]) -> float:
     """What the compiled backward pass reruns of `segs` (cost-model units).
 
@@ -104,9 +99,7 @@ def rerun_cost(program: Program, segs: Sequence[Segment]) -> float:
     values it does not save, and every equation whose derivative keeps
     values no name reaches (`hidden_residuals`) unless their signature is
     saved. A segment with children runs forward again whole first."""
-    producers = _PRODUCERS.get(program)
-    if producers is None:
-        producers = _PRODUCERS[program] = {v: i for i, item in enumerate(program.body) for v in item.outputs}
+    producers = definitions(program)
     return sum(_rerun(program, producers, seg) for seg in segs)
 
 
@@ -125,8 +118,8 @@ def _rerun(program: Program, producers: dict, seg: Segment) -> float:
             pending.extend(body[i].args)
     while pending:
         v = pending.pop()
-        i = producers.get(v)
-        if i is None or i in rerun or not seg.start <= i < seg.stop or v in known:
+        i = producers.get(v, -1)  # (-1: an input of the program)
+        if i in rerun or not seg.start <= i < seg.stop or v in known:
             continue
         rerun.add(i)
         pending.extend(body[i].args)
@@ -166,14 +159,14 @@ def _with_hidden(program: Program, segs: Sequence[Segment], saved: set[Value]) -
             out.append(dataclasses.replace(seg, children=children))
             extra += more
             continue
-        items = program.body[seg.start : seg.stop]
+        items = [(item, hidden_residuals(item)) for item in program.body[seg.start : seg.stop]]
         signatures = frozenset(
-            sig for item in items if any(v in saved for v in item.outputs) for sig in hidden_residuals(item).signatures
+            sig for item, hidden in items if any(v in saved for v in item.outputs) for sig in hidden.signatures
         )
-        caught = [item for item in items if signatures and hidden_residuals(item).signatures & signatures]
-        made = {v for item in caught for v in item.outputs}
+        caught = [(item, hidden) for item, hidden in items if hidden.signatures & signatures]
+        made = {v for item, _ in caught for v in item.outputs}
         saved |= made
-        extra += sum(hidden_residuals(item).nbytes for item in caught)
+        extra += sum(hidden.nbytes for _, hidden in caught)
         leaving = set(seg.outputs)
         out.append(dataclasses.replace(
             seg, signatures=signatures,
@@ -249,5 +242,5 @@ def costly_candidate(search: Any, base: Plan, attempts: int = 3) -> Optional[Pla
         plan = search.measure(plan)
         if plan.compiled_bytes <= target:
             return plan
-        model *= target / plan.compiled_bytes * 0.97
+        model = search.less(model, plan.compiled_bytes)
     return None

@@ -246,10 +246,7 @@ class PlanSearch:
                     fallback = dataclasses.replace(plan, gate="cond", compiled_bytes=None)
             # XLA needed more than the plan's memory model predicted: plan for
             # proportionally less.
-            if planning.scale is not None:
-                self.effective_target = planning.scale.shrink(self.effective_target, target, plan.compiled_bytes)
-            else:
-                self.effective_target *= target / plan.compiled_bytes * 0.97
+            self.effective_target = self.less(self.effective_target, plan.compiled_bytes)
         tainted = self._without_conds(recomputing_convolutions=True)
         if tainted:
             # No tainted plan fits (where one did, the search returned it):
@@ -282,6 +279,14 @@ class PlanSearch:
         if not plain or planning.unrolled:
             return None
         return self._nested_left(plain, plans=1 if planning.kept_scans else 0)
+
+    def less(self, model: float, compiled: int) -> float:
+        """A memory-model target `model` whose plan compiled to `compiled`
+        bytes, over the budget, made proportionally less (through the
+        planning's scale to one device's bytes where sharded)."""
+        if self.planning.scale is not None:
+            return self.planning.scale.shrink(model, self.target, compiled)
+        return model * self.target / compiled * 0.97
 
     def _measured_before(self) -> Optional[Plan]:
         """Where the search's own path found none that fits: the plan that fits
