@@ -1,6 +1,7 @@
 """Reference models, shared by tests, benchmarks and notebooks: in plain JAX
 (`jax_models`) and in Flax NNX (`flax_models`: `batchnorm_cnn`, `flax_gpt`,
-`flax_resnet_groupnorm`, `flax_unet`, `flax_scan_lstm` and `flax_scan_gpt`,
+`flax_resnet_groupnorm`, `flax_unet`, `flax_scan_lstm`, `flax_scan_gpt` and
+`flax_tied_lm`,
 which import flax and optax when called).
 
 Layer 0 of docs/design.md's map: public, for users to try jdtr on, but not
@@ -11,7 +12,9 @@ initial params and a batch built from a seed. Sizes are arguments, so tests
 use small ones and benchmarks large ones.
 """
 
-from .flax_models import batchnorm_cnn, flax_gpt, flax_resnet_groupnorm, flax_scan_gpt, flax_scan_lstm, flax_unet
+from .flax_models import (
+    batchnorm_cnn, flax_gpt, flax_resnet_groupnorm, flax_scan_gpt, flax_scan_lstm, flax_tied_lm, flax_unet,
+)
 from .jax_models import (
     Model,
     Segment,
@@ -28,6 +31,6 @@ from .jax_models import (
 
 __all__ = [
     "Model", "Segment", "batchnorm_cnn", "flax_gpt", "flax_resnet_groupnorm", "flax_scan_gpt", "flax_scan_lstm",
-    "flax_unet", "gated_mlp", "megatron_shard_map", "mlp_chain", "plain_cnn", "resnet", "rnn", "sorted_layers",
+    "flax_tied_lm", "flax_unet", "gated_mlp", "megatron_shard_map", "mlp_chain", "plain_cnn", "resnet", "rnn", "sorted_layers",
     "transformer", "wavenet",
 ]

@@ -230,3 +230,25 @@ def flax_scan_gpt(layers: int = 12, dim: int = 128, heads: int = 4, seq: int = 1
 
     loss, state, tokens = _next_token_model(GPT(nnx.Rngs(seed)), batch, seq, vocab, seed)
     return Model(f"flax_scan_gpt{layers}x{dim}_s{seq}_b{batch}", loss, state, tokens)
+
+
+def flax_tied_lm(layers: int = 4, dim: int = 128, seq: int = 64, batch: int = 16, vocab: int = 2000, seed: int = 0) -> Model:
+    """A language model in Flax NNX whose output projection is its embedding
+    (`nnx.Embed.attend`: tied weights), on residual ReLU layers, with a
+    vocabulary large beside it: the step's memory is the logits' (batch x
+    seq x vocab) and their cross-entropy's, not the layers'."""
+    from flax import nnx
+
+    class TiedLM(nnx.Module):
+        def __init__(self, rngs):
+            self.embed = nnx.Embed(vocab, dim, rngs=rngs)
+            self.layers = nnx.List([nnx.Linear(dim, dim, rngs=rngs) for _ in range(layers)])
+
+        def __call__(self, tokens):
+            h = self.embed(tokens)
+            for layer in self.layers:
+                h = h + nnx.relu(layer(h))
+            return self.embed.attend(h)
+
+    loss, state, tokens = _next_token_model(TiedLM(nnx.Rngs(seed)), batch, seq, vocab, seed)
+    return Model(f"flax_tied_lm{layers}x{dim}_s{seq}_b{batch}_v{vocab}", loss, state, tokens)

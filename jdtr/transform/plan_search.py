@@ -24,7 +24,9 @@ from ..runtime import Observer, OutOfBudgetError, format_bytes
 from .checkpoint import gates_differ, makes_random_bits, protects
 from .checkpoint_plan import Plan, layout
 from .program import Equation, Value
-from .segments import LEFT_NESTED_MAX, nested_left, predicted_bytes, recompute_cost, segments, uniform_leaves
+from .segments import (
+    LEFT_NESTED_MAX, flat_cuts, nested_left, predicted_bytes, recompute_cost, segments, uniform_leaves,
+)
 
 # Where the plan for a smaller target is one already measured, the target
 # shrinks by this factor, at most this many times, before the search gives up.
@@ -46,6 +48,11 @@ NESTING_DEPTHS = (1, 3, 5)
 # compiled, over the target, twice (docs/benchmarks.md).
 SCAN_FLOOR_REACH = 0.7
 
+# Where a search's path ends with no plan that fits, DTR's flat plans at this
+# many simulated budgets are swept, and at most this many of them measured.
+SWEEP_BUDGETS = 16
+SWEEP_COMPILES = 3
+
 
 class SlowPlanWarning(UserWarning):
     """The only plans `jdtr.plan` / `remat_grad` found within the budget
@@ -65,11 +72,11 @@ class _Rematerialized(Observer):
             self.values.update(op.payload.outputs)
 
 
-def plan_at(planning: Any, sim_budget: int, target: float, heuristic, max_depth: int = 1) -> Optional[Plan]:
-    """The plan read from DTR's run at `sim_budget`, or None if DTR runs out
-    of memory or thrashes there."""
-    forward = planning.forward
-    simulations = planning.simulations  # by simulated budget: searches revisit budgets
+def _simulated(planning: Any, sim_budget: int, heuristic) -> Optional[tuple[Any, set]]:
+    """DTR's run at `sim_budget` and the forward values whose residuals it
+    never rematerialized (saved), or None if DTR runs out of memory or
+    thrashes there. Cached by simulated budget: searches revisit budgets."""
+    simulations = planning.simulations
     if sim_budget not in simulations:
         # A plan that recomputes more than the whole step again is not worth
         # reading (the driver's default overhead limit, 2x). A failed run is
@@ -81,15 +88,46 @@ def plan_at(planning: Any, sim_budget: int, target: float, heuristic, max_depth:
     if simulations[sim_budget] is None:
         return None
     simulated, rematerialized = simulations[sim_budget]
-    saved = {fwd_value for fwd_value, vg_value in planning.reads.items() if vg_value not in rematerialized}
-    gradient_bytes = planning.gradient_bytes
-    scans = planning.scan_memory
-    cut = segments(forward, saved, planning.residuals, target, gradient_bytes, max_depth, scans)
+    return simulated, {fwd_value for fwd_value, vg_value in planning.reads.items() if vg_value not in rematerialized}
+
+
+def _plan_of(planning: Any, simulated: Any, saved: set, cut: tuple) -> Plan:
     saved_all = frozenset(saved | {v for s in cut for v in s.inputs})
-    predicted = predicted_bytes(forward, cut, gradient_bytes, scans)
+    predicted = predicted_bytes(planning.forward, cut, planning.gradient_bytes, planning.scan_memory)
     return Plan(
-        0, cut, saved_all, simulated, forward, planning.config, predicted_bytes=predicted, scans=planning.kept_scans
+        0, cut, saved_all, simulated, planning.forward, planning.config, predicted_bytes=predicted,
+        scans=planning.kept_scans,
     )
+
+
+def plan_at(planning: Any, sim_budget: int, target: float, heuristic, max_depth: int = 1) -> Optional[Plan]:
+    """The plan read from DTR's run at `sim_budget`, or None if DTR runs out
+    of memory or thrashes there."""
+    found = _simulated(planning, sim_budget, heuristic)
+    if found is None:
+        return None
+    simulated, saved = found
+    cut = segments(
+        planning.forward, saved, planning.residuals, target, planning.gradient_bytes, max_depth, planning.scan_memory
+    )
+    return _plan_of(planning, simulated, saved, cut)
+
+
+def flat_plans(planning: Any, sim_peak: int, heuristic, points: int) -> list[Plan]:
+    """DTR's flat plans at `points` simulated budgets evenly spaced up to
+    `sim_peak`, each cut under every cap `segments` tries: distinct layouts,
+    least predicted bytes first."""
+    found: dict = {}
+    for k in range(1, points + 1):
+        simulation = _simulated(planning, max(sim_peak * k // points, 1), heuristic)
+        if simulation is None:
+            continue
+        simulated, saved = simulation
+        cuts = flat_cuts(planning.forward, saved, planning.residuals, planning.gradient_bytes, planning.scan_memory)
+        for cut, _ in cuts.flat():
+            plan = _plan_of(planning, simulated, saved, cut)
+            found.setdefault(layout(plan), plan)
+    return sorted(found.values(), key=lambda p: p.predicted_bytes)
 
 
 def search_simulated_budget(
@@ -247,11 +285,21 @@ class PlanSearch:
             # XLA needed more than the plan's memory model predicted: plan for
             # proportionally less.
             self.effective_target = self.less(self.effective_target, plan.compiled_bytes)
+        return self._last_resorts(fallback)
+
+    def _last_resorts(self, fallback: Optional[Plan]) -> Optional[Plan]:
+        """Where the search's path found no plan that fits: left nestings,
+        a sweep of DTR's flat plans (`_sweep`), the cond-gated `fallback`,
+        plans measured before."""
+        planning = self.planning
         tainted = self._without_conds(recomputing_convolutions=True)
         if tainted:
             # No tainted plan fits (where one did, the search returned it):
-            # before the slow fallback, the smallest ones nested to the left.
+            # before the slow fallback, the smallest ones nested to the left,
+            # then the sweep's.
             nested = self._nested_left(tainted)
+            if nested is None:
+                nested = self._sweep()
             if nested is not None:
                 return nested
             if fallback is not None and layout(fallback) not in self.tried:
@@ -276,9 +324,41 @@ class PlanSearch:
         # `jax.grad`'s own bytes), for a compile of the whole unrolled step
         # (a third of a failing call's seconds).
         plain = self._without_conds()
-        if not plain or planning.unrolled:
+        if plain and not planning.unrolled:
+            nested = self._nested_left(plain, plans=1 if planning.kept_scans else 0)
+            if nested is not None:
+                return nested
+        return self._sweep()
+
+    def _sweep(self) -> Optional[Plan]:
+        """Where nothing else fits, before the error: DTR's flat plans
+        across simulated budgets (`flat_plans`), least predicted first, those
+        not measured yet, at most `SWEEP_COMPILES` of them. Only those the
+        memory model fits in the target, unless no plan measured has beaten
+        `jax.grad`'s own step, which the error would then suggest.
+
+        XLA's bytes need not follow the model's order, so the proportional
+        step down (`less`) can pass over the plan that fits: on a language
+        model's head, with the output projection's transposed weight its own
+        segment, a plan predicted at 13.8 MiB compiled to 27.9 (over
+        `jax.grad`'s 23.1), and the next, 13.3, to 27.4; the step down went
+        below the one at 12.8, which compiles to 18.6. A target of 0.9 failed
+        where 0.95 found it. Not for kept or unrolled scans, whose error
+        paths compile large steps (and whose floors `out_of_reach` bounds)."""
+        planning = self.planning
+        if planning.kept_scans or planning.unrolled:
             return None
-        return self._nested_left(plain, plans=1 if planning.kept_scans else 0)
+        beaten = any(p.compiled_bytes < planning.unconstrained for p in planning.measured.values())
+        limit = model_target(planning, self.target) if beaten else float("inf")
+        candidates = [
+            p for p in flat_plans(planning, self.sim_peak, self.heuristic, SWEEP_BUDGETS)
+            if p.predicted_bytes <= limit and layout(p) not in self.tried and layout(p) not in planning.measured
+        ]
+        for plan in candidates[:SWEEP_COMPILES]:
+            plan = self.measure(plan)
+            if plan.compiled_bytes <= self.target:
+                return self._closer(plan)
+        return None
 
     def less(self, model: float, compiled: int) -> float:
         """A memory-model target `model` whose plan compiled to `compiled`

@@ -411,7 +411,7 @@ def _branchings(count: int, depth: int) -> list[int]:
     return found
 
 
-class _FlatCuts:
+class FlatCuts:
     """The flat candidates of one forward body for one saved set, in the
     order `segments` tries them (a cap on a segment's recomputation, halved
     each time), with their predicted bytes, made as far as a call needs
@@ -441,15 +441,16 @@ class _FlatCuts:
             yield self.made[-1]
 
 
-# Per program (weakly), the `_FlatCuts` of its last saved sets.
+# Per program (weakly), the `FlatCuts` of its last saved sets.
 _FLAT: "weakref.WeakKeyDictionary[Program, dict]" = weakref.WeakKeyDictionary()
 FLAT_CUTS_KEPT = 32
 
 
-def _flat_cuts(program: Program, saved: set, residuals: set, gradient_bytes: int, scans: Mapping) -> _FlatCuts:
+def flat_cuts(program: Program, saved: set, residuals: set, gradient_bytes: int, scans: Mapping) -> FlatCuts:
+    """The flat candidates of `program` for `saved` (kept for its recent saved sets)."""
     kept = _FLAT.setdefault(program, {})
     key = (frozenset(saved), frozenset(residuals), gradient_bytes, tuple(sorted(scans.items())))
-    found = kept.pop(key, None) or _FlatCuts(program, saved, residuals, gradient_bytes, scans)
+    found = kept.pop(key, None) or FlatCuts(program, saved, residuals, gradient_bytes, scans)
     kept[key] = found  # the most recent last
     while len(kept) > FLAT_CUTS_KEPT:
         del kept[next(iter(kept))]
@@ -485,7 +486,7 @@ def segments(
     if scans:
         max_depth = 1
     crossings = _crossings(program)
-    cuts = _flat_cuts(program, saved, residuals, gradient_bytes, scans)
+    cuts = flat_cuts(program, saved, residuals, gradient_bytes, scans)
     for leaves, predicted in cuts.flat():
         if predicted <= target_bytes:
             return leaves  # the largest cap that fits: the fewest cuts
@@ -494,7 +495,7 @@ def segments(
     for i, leaves in enumerate(candidates):
         for depth in range(2, max_depth + 1):
             for branching in _branchings(len(leaves), depth):
-                key = ("nested", i, depth, branching)  # (the candidates' order is kept: `_FlatCuts.made`)
+                key = ("nested", i, depth, branching)  # (the candidates' order is kept: `FlatCuts.made`)
                 if key not in memo:
                     nested = _nest(program, crossings, saved, residuals, leaves, depth, branching, memo)
                     memo[key] = (nested, predicted_bytes(program, nested, gradient_bytes))

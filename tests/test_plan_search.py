@@ -1,0 +1,75 @@
+"""The search for a compiled plan that fits (`transform/plan_search.py`),
+where XLA's bytes do not follow the memory model's order: a language model
+whose memory is its logits'."""
+
+from __future__ import annotations
+
+import jax
+import numpy as np
+import pytest
+
+import jdtr
+from jdtr import models
+from jdtr.transform import plan_search
+
+
+pytest.importorskip("flax")
+
+
+def _lm():
+    m = models.flax_tied_lm()
+    return m, (lambda p, t: m.loss(p, t))  # its own planning: no plan measured before
+
+
+def test_a_plan_the_step_down_passes_over_is_found_by_the_sweep():
+    """At 0.9 of `jax.grad`'s bytes the search's proportional steps go below
+    the one plan that fits (the plans above it compile to more than
+    `jax.grad`'s own step); DTR's flat plans across simulated budgets find
+    it, within the budget, with `jax.grad`'s gradients. Without the sweep
+    this raised, suggesting `jax.grad`'s own bytes."""
+    m, loss = _lm()
+    plan = jdtr.plan(loss, m.params, m.batch, budget=0.9, autotune=False)
+    assert plan.compiled_bytes <= plan.budget_bytes < plan.unconstrained_compiled_bytes
+    a = jax.jit(plan.grad).lower(m.params, m.batch).compile().memory_analysis()
+    assert a.argument_size_in_bytes + a.output_size_in_bytes + a.temp_size_in_bytes - a.alias_size_in_bytes <= plan.budget_bytes
+    expected = jax.grad(m.loss)(m.params, m.batch)
+    got = jax.jit(plan.grad)(m.params, m.batch)
+    for a, b in zip(jax.tree_util.tree_leaves(got), jax.tree_util.tree_leaves(expected)):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=2e-5, atol=2e-6)
+
+
+def test_where_nothing_fits_the_suggestion_is_a_plan_below_jax_grads_own_step():
+    """At 0.5 nothing fits. Every plan on the search's path compiled to more
+    than `jax.grad`'s step, so the sweep measures plans the memory model
+    does not fit: the error suggests one of them, below `jax.grad`'s bytes,
+    and a call at that budget gets it."""
+    m, loss = _lm()
+    with pytest.raises(jdtr.OutOfBudgetError) as caught:
+        jdtr.plan(loss, m.params, m.batch, budget=0.5, autotune=False)
+    suggested = caught.value.suggested_budget_bytes
+    m2, loss2 = _lm()
+    plan = jdtr.plan(loss2, m2.params, m2.batch, budget=suggested, autotune=False)
+    assert plan.compiled_bytes <= suggested < 0.9 * plan.unconstrained_compiled_bytes
+
+
+def test_the_sweep_measures_at_most_its_share_of_plans(monkeypatch):
+    """The sweep adds at most `SWEEP_COMPILES` compiles to a search that
+    fails, and none where the memory model fits no flat plan in the target
+    and a plan measured beat `jax.grad`'s step."""
+    m, loss = _lm()
+    counted = []
+    sweep = plan_search.PlanSearch._sweep
+
+    def counting(self):
+        before = len(self.compiled)
+        found = sweep(self)
+        counted.append(len(self.compiled) - before)
+        return found
+
+    monkeypatch.setattr(plan_search.PlanSearch, "_sweep", counting)
+    with pytest.raises(jdtr.OutOfBudgetError):
+        jdtr.plan(loss, m.params, m.batch, budget=0.5, autotune=False)
+    assert 0 < counted[-1] <= plan_search.SWEEP_COMPILES
+    with pytest.raises(jdtr.OutOfBudgetError):  # the same function: the plans below jax.grad's are measured
+        jdtr.plan(loss, m.params, m.batch, budget=0.3, autotune=False)
+    assert counted[-1] == 0
