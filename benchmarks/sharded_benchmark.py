@@ -13,6 +13,12 @@ repeats; they mean little on a 2-core machine running 8 devices).
     python benchmarks/sharded_benchmark.py --grad --output docs/benchmarks.md
     python benchmarks/sharded_benchmark.py --grad --manual   # a loss that is one shard_map
     python benchmarks/sharded_benchmark.py --first-call plan   # one fresh structure, in this process
+    python benchmarks/sharded_benchmark.py --jit --output docs/benchmarks.md
+
+`--jit` plans under `jax.jit` on a mesh with Explicit axes, without
+`jax.set_mesh` (`jax.jit(jdtr.remat_grad(loss, budget=...))` as users write
+it), beside the plan made on the arrays themselves: bytes per device of
+each, and whether jdtr warned that it planned whole arrays.
 
 `--first-call plan|grad` times one structure's first `jdtr.plan` (budget
 0.5, without autotuning), or `jdtr.grad`'s first and second calls, on a loss
@@ -85,6 +91,43 @@ def rows(model_name: str, ratios) -> list[str]:
                 f"{plan.compiled_bytes / plan.budget_bytes:.3f} | {plan.compiled_bytes / full:.3f} | {error:.1e} |"
             )
     out.append(f"| {model_name} | one device | | {single / 2**20:.2f} | | | | |")
+    return out
+
+
+def jit_rows(model_name: str, ratios) -> list[str]:
+    """Per mesh (Explicit axes, no `jax.set_mesh`) and budget: the plan made
+    under `jax.jit` on the arrays' types beside the one made on the arrays."""
+    import warnings
+
+    m = MODELS[model_name]()
+    out = []
+    for mesh_name, (shape, names, weights) in MESHES.items():
+        mesh = jax.make_mesh(shape, names, axis_types=(AxisType.Explicit,) * len(shape))
+        params = jax.device_put(m.params, NamedSharding(mesh, weights))
+        x = jax.device_put(m.batch, NamedSharding(mesh, P("data")))
+        full = per_device(jax.grad(m.loss), params, x)
+        reference = jax.jit(jax.grad(m.loss))(params, x)
+        for ratio in ratios:
+            cells = []
+            for jitted in (False, True):
+                loss = lambda p, b: m.loss(p, b)  # noqa: E731 - planned afresh each time
+                with warnings.catch_warnings(record=True) as seen:
+                    warnings.simplefilter("always")
+                    try:
+                        if jitted:
+                            step = jdtr.remat_grad(loss, budget=ratio, autotune=False)
+                            nbytes, grads = per_device(step, params, x), jax.jit(step)(params, x)
+                        else:
+                            plan = jdtr.plan(loss, params, x, budget=ratio, autotune=False)
+                            nbytes, grads = plan.compiled_bytes, jax.jit(plan.grad)(params, x)
+                    except jdtr.OutOfBudgetError as err:
+                        works = err.suggested_budget_bytes
+                        cells.append(f"no plan fits; suggests {works / full:.3f}" if works else "no plan fits")
+                        continue
+                error = max(float(jnp.max(jnp.abs(a - b))) for a, b in zip(grads, reference))
+                warned = ", warned: whole arrays" if any("per device" in str(w.message) for w in seen) else ""
+                cells.append(f"{nbytes / full:.3f} ({error:.0e}){warned}")
+            out.append(f"| {model_name} | {mesh_name} | {ratio} | {full / 2**20:.2f} | {cells[0]} | {cells[1]} |")
     return out
 
 
@@ -174,7 +217,24 @@ def main(argv=None):
     parser.add_argument("--manual", action="store_true", help="with --grad: only the loss written as one shard_map")
     parser.add_argument("--first-call", choices=("plan", "grad"), help="time one structure's first plan or call")
     parser.add_argument("--layers", type=int, default=24, help="with --first-call: shard_map layers")
+    parser.add_argument("--jit", action="store_true", help="plans under jax.jit on an Explicit mesh, without jax.set_mesh")
     args = parser.parse_args(argv)
+    if args.jit:
+        lines = [f"### `jax.jit(jdtr.remat_grad)` on an `Explicit` mesh without `jax.set_mesh` (issue 24), "
+                 f"{datetime.date.today().isoformat()}", "",
+                 f"Command: `python benchmarks/sharded_benchmark.py --jit`. Machine: {machine()}, 8 host devices. "
+                 "Bytes per device of the partitioned step over `jax.jit(jax.grad)`'s (and the largest gradient "
+                 "difference from it), `autotune=False`: the plan made on the sharded arrays (`jdtr.plan`), and the "
+                 "one `jax.jit(jdtr.remat_grad(loss, budget=...))` makes from the arguments' types.", "",
+                 "| model | mesh | budget | jax.jit(jax.grad) MiB per device | planned on the arrays | planned under jax.jit |",
+                 "|---|---|---|---|---|---|"]
+        for name in MODELS:
+            print(f"benchmarking {name} under jax.jit ...", file=sys.stderr)
+            lines += jit_rows(name, [r for r in args.ratios if r < 1.0])
+        text = "\n".join(lines)
+        print(text)
+        write_report(args.output, text)
+        return
     if args.first_call:
         print(first_call(args.first_call, args.layers))
         return

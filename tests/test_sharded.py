@@ -133,6 +133,33 @@ SCRIPT = COLLECTIVE_LOSS + textwrap.dedent(
             np.testing.assert_allclose(np.asarray(g), np.asarray(r), rtol=1e-4, atol=1e-6)
     print("explicit ok")
 
+    # The same without `jax.set_mesh` (as `jax.make_mesh`'s Explicit default is
+    # most often used), and with it, on the 2x4 mesh, autotuned: planned per
+    # device on a concrete mesh of its shape, the candidates timed on example
+    # inputs placed as the arguments are.
+    import contextlib
+    mesh = jax.make_mesh((2, 4), ("data", "model"), axis_types=(AxisType.Explicit,) * 2)
+    params = jax.device_put(m.params, NamedSharding(mesh, P(None, "model")))
+    x = jax.device_put(m.batch, NamedSharding(mesh, P("data")))
+    full = per_device(jax.grad(m.loss), params, x)
+    budget = plan_at(m.loss, params, x, budget=0.5).budget_bytes
+    reference = jax.jit(jax.grad(m.loss))(params, x)
+    for context in (contextlib.nullcontext(), jax.set_mesh(mesh)):
+        step = jdtr.remat_grad(m.loss, budget=budget)
+        with warnings.catch_warnings(record=True) as seen:
+            warnings.simplefilter("always")
+            with context:
+                grads = jax.jit(step)(params, x)
+                nbytes = per_device(step, params, x)
+        assert not any("per device" in str(w.message) for w in seen), [str(w.message) for w in seen]
+        (plan,) = step.plans.values()
+        assert plan.unconstrained_compiled_bytes == full and plan.timings, (plan.unconstrained_compiled_bytes, full)
+        assert nbytes <= budget < 0.6 * full, (nbytes, budget, full)
+        for g, r in zip(grads, reference):
+            assert g.sharding.is_equivalent_to(r.sharding, g.ndim), (g.sharding, r.sharding)
+            np.testing.assert_allclose(np.asarray(g), np.asarray(r), rtol=1e-4, atol=1e-6)
+    print("explicit without a context ok")
+
     # With Auto axes, a trace under jax.jit does not carry the shardings: it says so.
     mesh = jax.make_mesh((8,), ("data",), axis_types=(AxisType.Auto,))
     params = jax.device_put(m.params, NamedSharding(mesh, P()))
@@ -155,7 +182,10 @@ def test_plans_on_sharded_arguments_keep_a_budget_per_device():
     env = dict(os.environ, XLA_FLAGS=flags, JAX_PLATFORMS="cpu")
     result = subprocess.run([sys.executable, "-c", SCRIPT], env=env, capture_output=True, text=True, timeout=900)
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-4000:]
-    for expected in ("mesh (2, 4) 0.3", "collectives ok", "arguments per device ok", "explicit ok", "auto warned"):
+    for expected in (
+        "mesh (2, 4) 0.3", "collectives ok", "arguments per device ok", "explicit ok", "explicit without a context ok",
+        "auto warned",
+    ):
         assert expected in result.stdout, result.stdout
 
 

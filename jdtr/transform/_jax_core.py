@@ -375,17 +375,45 @@ def is_tracer(x: Any) -> bool:
 
 def traced_sharding(x: Any) -> Optional[Any]:
     """The sharding a tracer's type carries (a mesh with `Explicit` axes),
-    where the context sets that mesh (`jax.set_mesh`), so that a step can be
-    compiled for it; None where the type says nothing (`Auto` axes) or no
-    mesh is set (XLA cannot lower for an abstract mesh alone)."""
+    over an abstract mesh: the context's (`jax.set_mesh`), or, where none is
+    set, one that `planning_mesh` makes concrete to compile for. None where
+    the type says nothing (`Auto` axes) or the context sets another mesh."""
     if not sharded_type(x):
         return None
     sharding = x.aval.sharding
-    get_abstract_mesh = getattr(jax.sharding, "get_abstract_mesh", None)
-    context = get_abstract_mesh() if get_abstract_mesh is not None else None
-    if context is None or getattr(context, "empty", True) or dict(context.shape) != dict(sharding.mesh.shape):
+    context = _context_mesh()
+    if context is not None and dict(context.shape) != dict(sharding.mesh.shape):
         return None
     return sharding
+
+
+def _context_mesh() -> Optional[Any]:
+    """The abstract mesh the context sets (`jax.set_mesh`), if any."""
+    get_abstract_mesh = getattr(jax.sharding, "get_abstract_mesh", None)
+    context = get_abstract_mesh() if get_abstract_mesh is not None else None
+    return None if context is None or getattr(context, "empty", True) else context
+
+
+def planning_mesh(specs: Iterable[Any]) -> Optional[Any]:
+    """Where `specs` are sharded over an abstract mesh (arrays on a mesh with
+    `Explicit` axes, traced by `jax.jit`): a concrete mesh of its shape,
+    names and axis types over this process's first devices, to plan on.
+    Under a trace JAX gives no concrete mesh (`jax.sharding.get_mesh`
+    refuses), even where `jax.set_mesh` set one; XLA's bytes per device for
+    a partitioned step are the same on any devices of one kind, and the
+    step the caller's jit compiles is its own. None otherwise."""
+    for spec in specs:
+        mesh = getattr(getattr(spec, "sharding", None), "mesh", None)
+        if mesh is None or isinstance(mesh, jax.sharding.Mesh) or getattr(mesh, "empty", True):
+            continue
+        devices = jax.devices()
+        if len(devices) < mesh.size:
+            return None
+        return jax.make_mesh(
+            tuple(mesh.axis_sizes), tuple(mesh.axis_names), axis_types=tuple(mesh.axis_types),
+            devices=devices[: mesh.size],
+        )
+    return None
 
 
 def explicit_mesh(leaves: Iterable[Any]) -> Optional[Any]:

@@ -11,6 +11,7 @@ arguments into one of the traced leaves alone.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional, Sequence, Union
@@ -166,6 +167,30 @@ def unseen_mesh(args: tuple, kwargs: dict) -> int:
     if any(_jax_core.is_tracer(leaf) and _jax_core.traced_sharding(leaf) is not None for leaf in leaves):
         return 1
     return max((_jax_core.traced_mesh_devices(leaf) for leaf in leaves if _jax_core.is_tracer(leaf)), default=1)
+
+
+def on_planning_mesh(arguments: "Arguments") -> "Arguments":
+    """`arguments` with the shardings of their types over an abstract mesh
+    (`jax.jit` over arrays on an `Explicit` mesh, with `jax.set_mesh` or
+    without) placed on a concrete mesh of its shape
+    (`_jax_core.planning_mesh`): a plan's programs are then normalised and
+    measured per device, and autotuned on example inputs placed as the
+    arguments are, as for the arrays themselves. Unchanged otherwise."""
+    mesh = _jax_core.planning_mesh(arguments.traced_specs)
+    if mesh is None:
+        return arguments
+
+    def placed(spec):
+        if isinstance(spec, Static):
+            return spec
+        # (A type that says nothing is replicated over the jit's mesh, as its
+        # concrete array would be: a dot of such a weight and a sharded batch
+        # must see both on one mesh.)
+        sharding = getattr(spec, "sharding", None)
+        concrete = jax.sharding.NamedSharding(mesh, sharding.spec if sharding is not None else jax.sharding.PartitionSpec())
+        return jax.ShapeDtypeStruct(spec.shape, spec.dtype, weak_type=spec.weak_type, sharding=concrete)
+
+    return dataclasses.replace(arguments, specs=tuple(placed(s) for s in arguments.specs))
 
 
 def _check_device(leaf: Any, where: Any, devices: Optional[tuple[frozenset, Any]]) -> Optional[tuple[frozenset, Any]]:

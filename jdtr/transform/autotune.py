@@ -73,8 +73,20 @@ def example_inputs(structs: Sequence[jax.ShapeDtypeStruct], seed: int = 0) -> li
                 host = (0.1 * rng.standard_normal(s.shape)).astype(s.dtype)
             else:
                 host = np.zeros(s.shape, s.dtype)
-            arrays.append(jax.device_put(host))
+            arrays.append(jax.device_put(host, _placement(s)))
     return arrays
+
+
+def _placement(struct: jax.ShapeDtypeStruct):
+    """Where an example input goes: the spec's sharding where it is over
+    concrete devices (a compiled step for sharded arguments takes them so;
+    others would be moved, and under a jit's trace that move is traced),
+    else the default device."""
+    sharding = getattr(struct, "sharding", None)
+    mesh = getattr(sharding, "mesh", None)
+    if sharding is None or (mesh is not None and not isinstance(mesh, jax.sharding.Mesh)):
+        return None
+    return sharding
 
 
 # A candidate whose warm-up run takes this many times the fastest one's is

@@ -41,13 +41,13 @@ import jax
 from ..budget import BudgetLike, parse_budget
 from ..offline import run
 from ..runtime import Heuristic, OutOfBudgetError, get_heuristic
-from .arguments import Arguments, argnums_tuple, concrete_leaves, flatten_arguments, unseen_mesh
+from .arguments import Arguments, argnums_tuple, concrete_leaves, flatten_arguments, on_planning_mesh, unseen_mesh
 from .autotune import Timing, can_autotune, example_inputs, median_step_seconds
 from .checkpoint import named_forward, run_segments
 from .checkpoint_plan import Plan, layout
 from .compiled import CompiledStep, compile_all, compiled_bytes, lower, measure_options
 from .costly import costly_candidate
-from .devices import DeviceScale, device_scale, is_sharded, placed_scale, placements, unsharded
+from .devices import DeviceScale, device_bytes, device_scale, is_sharded, placed_scale, placements, unsharded
 from .lowering import simulation
 from .plan_search import (
     PlanSearch,
@@ -386,9 +386,10 @@ def make_plan(
             f"jdtr: the arguments are traced over a mesh of {devices} devices whose shardings their types do not "
             "carry (axes of type Auto under jax.jit), so the plan counts whole arrays, not bytes per device. "
             "Make the plan on the sharded arrays themselves (jdtr.plan(loss, *args), then jax.jit(plan.grad)), "
-            "or trace over a mesh with Explicit axes set as the context's (jax.make_mesh, jax.set_mesh).",
+            "or shard them over a mesh with Explicit axes (jax.make_mesh's default), whose types carry them.",
             stacklevel=3,
         )
+    arguments = on_planning_mesh(arguments)
     base = _planning_for(fun, argnums, has_aux, heuristic, implementation, arguments)
     unconstrained = base.unconstrained
     target = budget_spec.resolve(unconstrained)
@@ -450,7 +451,7 @@ def make_plan(
     copies = 0
     if inputs is None:
         inputs = example_inputs(structs)
-        copies = sum(int(x.nbytes) for x in inputs)
+        copies = sum(device_bytes(x) for x in inputs)  # (per device, as the budget)
     limit = max(target, chosen.compiled_bytes)
 
     def timed(plans: list[Plan]) -> list[Plan]:
