@@ -406,13 +406,20 @@ def planning_mesh(specs: Iterable[Any]) -> Optional[Any]:
         mesh = getattr(getattr(spec, "sharding", None), "mesh", None)
         if mesh is None or isinstance(mesh, jax.sharding.Mesh) or getattr(mesh, "empty", True):
             continue
-        devices = jax.devices()
+        platform = getattr(getattr(mesh, "abstract_device", None), "platform", None)  # (the mesh's kind of device)
+        try:
+            devices = jax.devices(platform)
+        except RuntimeError:  # a platform this process has no backend for
+            devices = jax.devices()
         if len(devices) < mesh.size:
             return None
-        return jax.make_mesh(
-            tuple(mesh.axis_sizes), tuple(mesh.axis_names), axis_types=tuple(mesh.axis_types),
-            devices=devices[: mesh.size],
-        )
+        try:
+            return jax.make_mesh(
+                tuple(mesh.axis_sizes), tuple(mesh.axis_names), axis_types=tuple(mesh.axis_types),
+                devices=devices[: mesh.size],
+            )
+        except TypeError:  # a JAX whose `make_mesh` takes no axis types: planned as before, whole arrays
+            return None
     return None
 
 
