@@ -64,16 +64,21 @@ def per_device(fn, *args) -> int:
     return a.argument_size_in_bytes + a.output_size_in_bytes + a.temp_size_in_bytes - a.alias_size_in_bytes
 
 
+def placed(m, shape, names, weights, axis_type):
+    """The model's params (sharded as `weights`) and batch (over "data") on a
+    mesh, `jax.jit(jax.grad)`'s bytes per device and its gradients."""
+    mesh = jax.make_mesh(shape, names, axis_types=(axis_type,) * len(shape))
+    params = jax.device_put(m.params, NamedSharding(mesh, weights))
+    x = jax.device_put(m.batch, NamedSharding(mesh, P("data")))
+    return params, x, per_device(jax.grad(m.loss), params, x), jax.jit(jax.grad(m.loss))(params, x)
+
+
 def rows(model_name: str, ratios) -> list[str]:
     m = MODELS[model_name]()
     single = per_device(jax.grad(m.loss), m.params, m.batch)
     out = []
     for mesh_name, (shape, names, weights) in MESHES.items():
-        mesh = jax.make_mesh(shape, names, axis_types=(AxisType.Auto,) * len(shape))
-        params = jax.device_put(m.params, NamedSharding(mesh, weights))
-        x = jax.device_put(m.batch, NamedSharding(mesh, P("data")))
-        full = per_device(jax.grad(m.loss), params, x)
-        reference = jax.jit(jax.grad(m.loss))(params, x)
+        params, x, full, reference = placed(m, shape, names, weights, AxisType.Auto)
         for ratio in ratios:
             try:
                 plan = jdtr.plan(m.loss, params, x, budget=ratio, autotune=False)
@@ -102,11 +107,7 @@ def jit_rows(model_name: str, ratios) -> list[str]:
     m = MODELS[model_name]()
     out = []
     for mesh_name, (shape, names, weights) in MESHES.items():
-        mesh = jax.make_mesh(shape, names, axis_types=(AxisType.Explicit,) * len(shape))
-        params = jax.device_put(m.params, NamedSharding(mesh, weights))
-        x = jax.device_put(m.batch, NamedSharding(mesh, P("data")))
-        full = per_device(jax.grad(m.loss), params, x)
-        reference = jax.jit(jax.grad(m.loss))(params, x)
+        params, x, full, reference = placed(m, shape, names, weights, AxisType.Explicit)
         for ratio in ratios:
             cells = []
             for jitted in (False, True):
