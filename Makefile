@@ -27,7 +27,7 @@ WITH_XLA_CACHE = cache=$$(mktemp -d) && trap 'rm -rf "$$cache"' EXIT && \
 	JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES=-1
 
 test: $(STAMP)
-	$(WITH_XLA_CACHE) $(PY) -m pytest -n 2 --dist worksteal tests
+	$(WITH_XLA_CACHE) $(PY) -m pytest -n 2 --dist worksteal --durations=30 tests
 
 # The oldest JAX that pyproject.toml accepts, in a venv of its own, on the
 # tests that exercise JAX's internals (CI runs this after `make test`).
