@@ -349,3 +349,16 @@ def test_grad_on_sharded_arguments_keeps_a_budget_per_device():
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-4000:]
     for expected in ("grad (2, 4) Auto 0.3", "online (2, 4)", "grad (8,) Explicit 0.5", "online (8,) Explicit", "nnx ok", "collectives ok", "errors ok", "views ok", "one shard_map Auto 0.5", "one shard_map Explicit 0.5"):
         assert expected in result.stdout, result.stdout
+
+
+def test_a_keys_bytes_per_device_are_its_physical_words():
+    """`devices.device_bytes` counts a typed PRNG key by its physical words,
+    whether given the key array or its `ShapeDtypeStruct` (a sharded step's
+    key argument; autotuning's example key). The spec's raised: its dtype
+    is no NumPy dtype, and only abstract values were mapped to words."""
+    from jdtr.transform.devices import device_bytes
+
+    for impl in ("threefry2x32", "rbg"):
+        keys = jax.random.split(jax.random.key(0, impl=impl), 4)
+        assert device_bytes(keys) == keys.nbytes
+        assert device_bytes(jax.ShapeDtypeStruct(keys.shape, keys.dtype)) == keys.nbytes

@@ -327,7 +327,8 @@ def has_side_effects(eqn: JaxprEqn) -> bool:
 
 
 def aval_nbytes(aval: Any) -> int:
-    """Device bytes of an abstract value; PRNG keys count their physical words."""
+    """Device bytes of an abstract value (or anything with a shape and a
+    dtype: a `ShapeDtypeStruct`, an array); PRNG keys count their physical words."""
     import numpy as np
 
     dtype = aval.dtype
@@ -336,7 +337,9 @@ def aval_nbytes(aval: Any) -> int:
     if jax.dtypes.issubdtype(dtype, jax.dtypes.extended):
         from jax._src import core as _core
 
-        aval = _core.physical_aval(aval)
+        # (`physical_aval` maps an abstract value only: a `ShapeDtypeStruct`
+        # of a key came back unchanged, and its dtype is no NumPy dtype.)
+        aval = _core.physical_aval(_core.ShapedArray(tuple(aval.shape), dtype))
         dtype = aval.dtype
     return int(np.prod(aval.shape, dtype=np.int64)) * np.dtype(dtype).itemsize
 
@@ -394,6 +397,13 @@ def _context_mesh() -> Optional[Any]:
     return None if context is None or getattr(context, "empty", True) else context
 
 
+def on_abstract_mesh(sharding: Any) -> bool:
+    """Whether a sharding names a mesh of no devices (a type's under a trace),
+    for which nothing can be compiled or placed."""
+    mesh = getattr(sharding, "mesh", None)
+    return mesh is not None and not isinstance(mesh, jax.sharding.Mesh)
+
+
 def planning_mesh(specs: Iterable[Any]) -> Optional[Any]:
     """Where `specs` are sharded over an abstract mesh (arrays on a mesh with
     `Explicit` axes, traced by `jax.jit`): a concrete mesh of its shape,
@@ -403,9 +413,10 @@ def planning_mesh(specs: Iterable[Any]) -> Optional[Any]:
     a partitioned step are the same on any devices of one kind, and the
     step the caller's jit compiles is its own. None otherwise."""
     for spec in specs:
-        mesh = getattr(getattr(spec, "sharding", None), "mesh", None)
-        if mesh is None or isinstance(mesh, jax.sharding.Mesh) or getattr(mesh, "empty", True):
+        sharding = getattr(spec, "sharding", None)
+        if not on_abstract_mesh(sharding) or getattr(sharding.mesh, "empty", True):
             continue
+        mesh = sharding.mesh
         platform = getattr(getattr(mesh, "abstract_device", None), "platform", None)  # (the mesh's kind of device)
         try:
             devices = jax.devices(platform)

@@ -188,7 +188,7 @@ def on_planning_mesh(arguments: "Arguments") -> "Arguments":
         # must see both on one mesh.)
         sharding = getattr(spec, "sharding", None)
         concrete = jax.sharding.NamedSharding(mesh, sharding.spec if sharding is not None else jax.sharding.PartitionSpec())
-        return jax.ShapeDtypeStruct(spec.shape, spec.dtype, weak_type=spec.weak_type, sharding=concrete)
+        return _array_spec(tuple(spec.shape), spec.dtype, spec.weak_type, concrete)
 
     return dataclasses.replace(arguments, specs=tuple(placed(s) for s in arguments.specs))
 

@@ -83,10 +83,7 @@ def _placement(struct: jax.ShapeDtypeStruct):
     others would be moved, and under a jit's trace that move is traced),
     else the default device."""
     sharding = getattr(struct, "sharding", None)
-    mesh = getattr(sharding, "mesh", None)
-    if sharding is None or (mesh is not None and not isinstance(mesh, jax.sharding.Mesh)):
-        return None
-    return sharding
+    return None if _jax_core.on_abstract_mesh(sharding) else sharding
 
 
 # A candidate whose warm-up run takes this many times the fastest one's is

@@ -60,7 +60,7 @@ def placements(specs: Sequence) -> Optional[list]:
     shardings = [getattr(s, "sharding", None) for s in specs]
     if not is_sharded(specs):
         return None
-    if any(s is not None and not isinstance(getattr(s, "mesh", None), (jax.sharding.Mesh, type(None))) for s in shardings):
+    if any(_jax_core.on_abstract_mesh(s) for s in shardings):
         return None
     return shardings
 

@@ -47,7 +47,7 @@ from .checkpoint import named_forward, run_segments
 from .checkpoint_plan import Plan, layout
 from .compiled import CompiledStep, compile_all, compiled_bytes, lower, measure_options
 from .costly import costly_candidate
-from .devices import DeviceScale, device_scale, is_sharded, placed_scale, placements, unsharded
+from .devices import DeviceScale, device_bytes, device_scale, is_sharded, placed_scale, placements, unsharded
 from .lowering import simulation
 from .plan_search import (
     PlanSearch,
@@ -451,7 +451,7 @@ def make_plan(
     copies = 0
     if inputs is None:
         inputs = example_inputs(structs)
-        copies = sum(_largest_shard(x) for x in inputs)  # (per device, as the budget)
+        copies = sum(device_bytes(x) for x in inputs)  # (per device, as the budget)
     limit = max(target, chosen.compiled_bytes)
 
     def timed(plans: list[Plan]) -> list[Plan]:
@@ -484,12 +484,6 @@ def make_plan(
         for i, (plan, s) in enumerate(zip(fitting, seconds))
     )
     return dataclasses.replace(fitting[fastest], timings=timings)
-
-
-def _largest_shard(x: jax.Array) -> int:
-    """An array's bytes on the device that holds most of it (typed keys too)."""
-    shards = x.addressable_shards
-    return max(int(s.data.nbytes) for s in shards) if len(shards) > 1 else int(x.nbytes)
 
 
 def _without_remat(planning: Planning, target: float, heuristic, fun: Callable) -> Plan:
