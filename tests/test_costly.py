@@ -15,7 +15,7 @@ from jdtr import models
 from jdtr.transform.checkpoint_plan import PolicyWarning
 from jdtr.transform.costly import hidden_residuals, rerun_cost
 from jdtr.transform.program import Equation, signature
-from jdtr.transform.segments import Segment
+from jdtr.transform.segments import Segment, recompute_cost
 
 
 def _sorted_layers(layers=6, batch=256, width=128):
@@ -64,6 +64,28 @@ def test_a_segment_reruns_a_sort_unless_it_saves_the_sort_by_signature():
     assert rerun_cost(program, [by_name]) == total
     both = dataclasses.replace(by_name, signatures=hidden_residuals(sort).signatures)
     assert rerun_cost(program, [both]) == total - sort.cost
+
+
+def test_a_leaf_reruns_what_its_recomputed_residuals_are_made_of():
+    """`recompute_cost`, the count every choice between plans uses: to
+    recompute tanh(x @ w), which its derivative and the next matmul read, a
+    leaf that saves nothing reruns the matmul too, though the matmul's
+    output is no residual. Saving that output spares the matmul."""
+    w1, w2, x = jnp.ones((32, 32)), jnp.ones((32, 4)), jnp.ones((64, 32))
+    plan = jdtr.plan(lambda w1, w2, x: jnp.sum(jnp.tanh(x @ w1) @ w2), w1, w2, x, argnums=(0, 1), budget=1.0,
+                     autotune=False)
+    program = plan.program
+    first, _ = _equations(program, "dot_general")
+    [tanh] = _equations(program, "tanh")
+    stop = program.body.index(tanh) + 1
+    leaf = Segment(0, 0, stop, tuple(program.inputs), tuple(tanh.outputs), (), tuple(tanh.outputs))
+    assert recompute_cost(program, [leaf]) == first.cost + tanh.cost > tanh.cost
+    saving = dataclasses.replace(leaf, saved=tuple(first.outputs))
+    assert recompute_cost(program, [saving]) == tanh.cost
+    # Nested, the group runs forward again whole before its leaves' reruns.
+    group = dataclasses.replace(leaf, recomputed=(), children=(leaf,))
+    assert recompute_cost(program, [group]) == sum(item.cost for item in program.body[:stop]) + first.cost + tanh.cost
+    assert rerun_cost(program, [leaf]) == recompute_cost(program, [leaf])  # (nothing here keeps hidden values)
 
 
 def test_where_dtrs_plans_rerun_the_sorts_the_costly_plan_keeps_them():

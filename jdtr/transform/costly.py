@@ -21,7 +21,8 @@ sorts an iota beside the keys and keeps the permutation
 (`hidden_residuals`); the segment saves those by the primitive's signature.
 
 `rerun_cost` prices a plan as its compiled step runs it, by what the
-backward pass reruns, so that the planner offers this candidate only where
+backward pass reruns (`segments.recompute_cost`, with those derivatives'
+equations rerun whole unless saved by signature), so that the planner offers this candidate only where
 it reruns less than DTR's own plan.
 """
 
@@ -34,8 +35,8 @@ import jax
 
 from . import _jax_core
 from .checkpoint_plan import Plan, layout
-from .program import Equation, Program, Value, definitions, signature
-from .segments import Segment, is_float, item_cost, predicted_bytes, segments
+from .program import Equation, Program, Value, signature
+from .segments import Segment, is_float, item_cost, predicted_bytes, recompute_cost, segments
 
 # The candidate is offered where the backward pass of DTR's plan reruns at
 # least this many times what its own reruns (cost-model units): it costs a
@@ -91,39 +92,18 @@ def hidden_residuals(item: Any) -> Hidden:
     return found
 
 
+def keeps_hidden(seg: Segment, item: Any) -> bool:
+    """Whether `seg`'s backward pass reruns `item` whole, whatever it saves
+    of its outputs: its derivative keeps values no name reaches
+    (`hidden_residuals`), and `seg` does not save them by signature."""
+    hidden = hidden_residuals(item)
+    return bool(hidden.signatures) and not hidden.signatures <= seg.signatures
+
+
 def rerun_cost(program: Program, segs: Sequence[Segment]) -> float:
-    """What the compiled backward pass reruns of `segs` (cost-model units).
-
-    JAX recomputes a segment's residuals from its inputs and saved values:
-    a leaf reruns every equation a recomputed residual is made of, through
-    values it does not save, and every equation whose derivative keeps
-    values no name reaches (`hidden_residuals`) unless their signature is
-    saved. A segment with children runs forward again whole first."""
-    producers = definitions(program)
-    return sum(_rerun(program, producers, seg) for seg in segs)
-
-
-def _rerun(program: Program, producers: dict, seg: Segment) -> float:
-    body = program.body
-    if seg.children:
-        again = sum(item_cost(item) for item in body[seg.start : seg.stop])
-        return again + sum(_rerun(program, producers, c) for c in seg.children)
-    known = {*seg.inputs, *seg.saved}
-    pending = list(seg.recomputed)
-    rerun: set[int] = set()
-    for i in range(seg.start, seg.stop):
-        hidden = hidden_residuals(body[i])
-        if hidden.signatures and not hidden.signatures <= seg.signatures:
-            rerun.add(i)  # its derivative's own values are made again, whatever is saved of its outputs
-            pending.extend(body[i].args)
-    while pending:
-        v = pending.pop()
-        i = producers.get(v, -1)  # (-1: an input of the program)
-        if i in rerun or not seg.start <= i < seg.stop or v in known:
-            continue
-        rerun.add(i)
-        pending.extend(body[i].args)
-    return sum(item_cost(body[i]) for i in rerun)
+    """What the compiled backward pass reruns of `segs` (cost-model units):
+    `segments.recompute_cost`, with the equations `keeps_hidden` names."""
+    return recompute_cost(program, segs, keeps_hidden)
 
 
 def _ratios(program: Program) -> dict[Value, float]:

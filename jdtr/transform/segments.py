@@ -14,7 +14,7 @@ import dataclasses
 import functools
 import weakref
 from dataclasses import dataclass, field
-from typing import Mapping, Optional, Sequence
+from typing import Any, Callable, Mapping, Optional, Sequence
 
 import jax.numpy as jnp
 import numpy as np
@@ -320,20 +320,44 @@ def predicted_bytes(
     return fixed_bytes(program, gradient_bytes) + sum(v.nbytes for v in kept) + scan_kept + transient
 
 
-def _recompute_cost(program: Program, seg: Segment) -> float:
-    """Compute the backward pass spends re-running `seg`: a leaf recomputes
-    what it did not save; a segment with children runs forward again first."""
-    if not seg.children:
-        recomputed = set(seg.recomputed)
-        items = program.body[seg.start : seg.stop]
-        return sum(item_cost(item) for item in items if any(v in recomputed for v in item.outputs))
-    again = sum(item_cost(item) for item in program.body[seg.start : seg.stop])
-    return again + sum(_recompute_cost(program, c) for c in seg.children)
+def recompute_cost(
+    program: Program, segments: Sequence[Segment], reruns_whole: Optional[Callable[[Segment, Any], bool]] = None
+) -> float:
+    """What the compiled backward pass reruns of `segments` (cost-model units).
+
+    JAX recomputes a leaf's residuals from its inputs and saved values: it
+    reruns every equation a recomputed residual is made of, through values
+    the leaf does not save, and each equation `reruns_whole(leaf, item)`
+    names with what it reads (`costly.keeps_hidden`: a derivative that keeps
+    values no name reaches, which a plan saves only by signature). Without
+    it such equations are priced by their outputs alone, which misprices
+    every plan that saves none by signature alike. A segment with children
+    runs forward again whole first."""
+    producers = definitions(program)
+    return sum(_recompute_cost(program, producers, seg, reruns_whole) for seg in segments)
 
 
-def recompute_cost(program: Program, segments: Sequence[Segment]) -> float:
-    """What the backward pass spends re-running `segments` (cost-model units)."""
-    return sum(_recompute_cost(program, seg) for seg in segments)
+def _recompute_cost(program: Program, producers: dict, seg: Segment, reruns_whole) -> float:
+    body = program.body
+    if seg.children:
+        again = sum(item_cost(item) for item in body[seg.start : seg.stop])
+        return again + sum(_recompute_cost(program, producers, c, reruns_whole) for c in seg.children)
+    known = {*seg.inputs, *seg.saved}
+    pending = list(seg.recomputed)
+    rerun: set[int] = set()
+    if reruns_whole is not None:
+        for i in range(seg.start, seg.stop):
+            if reruns_whole(seg, body[i]):
+                rerun.add(i)
+                pending.extend(body[i].args)
+    while pending:
+        v = pending.pop()
+        i = producers.get(v, -1)  # (-1: an input of the program)
+        if i in rerun or not seg.start <= i < seg.stop or v in known:
+            continue
+        rerun.add(i)
+        pending.extend(body[i].args)
+    return sum(item_cost(body[i]) for i in rerun)
 
 
 def item_cost(item) -> float:
