@@ -43,6 +43,7 @@ MODELS = {
     "VGG-like, 8 layers, pools after 2 and 4": lambda: models.plain_cnn(8, 32, 32, 16, pools=(1, 3)),
     "GroupNorm ResNet, 8 blocks": lambda: models.flax_resnet_groupnorm(8, 32, 32, 16),
     "U-Net, 2 levels, 16 channels (resize up, GELU)": lambda: models.flax_unet(16, 32, 16),
+    "U-Net, 3 levels, 16 channels (transposed convolutions up, GroupNorm)": lambda: models.flax_unet3(16, 32, 16),
 }
 
 

@@ -177,6 +177,49 @@ def flax_unet(channels: int = 16, image: int = 32, batch: int = 16, seed: int = 
     return Model(f"flax_unet{channels}_i{image}_b{batch}", loss, state, (x, y))
 
 
+def flax_unet3(channels: int = 16, image: int = 32, batch: int = 16, seed: int = 0) -> Model:
+    """A three-level U-Net in Flax NNX, regressing a one-channel map: blocks
+    of two 3x3 convolutions with a GroupNorm and ReLU, max pools down,
+    stride-2 transposed convolutions up, and each level's skip concatenated."""
+    from flax import nnx
+
+    c = channels
+
+    class Block(nnx.Module):
+        def __init__(self, cin, cout, rngs):
+            self.c1, self.c2 = nnx.Conv(cin, cout, (3, 3), rngs=rngs), nnx.Conv(cout, cout, (3, 3), rngs=rngs)
+            self.norm = nnx.GroupNorm(cout, num_groups=4, rngs=rngs)
+
+        def __call__(self, x):
+            return nnx.relu(self.c2(nnx.relu(self.norm(self.c1(x)))))
+
+    class Net(nnx.Module):
+        def __init__(self, rngs):
+            self.d1, self.d2, self.d3 = Block(3, c, rngs), Block(c, 2 * c, rngs), Block(2 * c, 4 * c, rngs)
+            self.up2 = nnx.ConvTranspose(4 * c, 2 * c, (2, 2), strides=(2, 2), rngs=rngs)
+            self.u2 = Block(4 * c, 2 * c, rngs)
+            self.up1 = nnx.ConvTranspose(2 * c, c, (2, 2), strides=(2, 2), rngs=rngs)
+            self.u1, self.out = Block(2 * c, c, rngs), nnx.Conv(c, 1, (1, 1), rngs=rngs)
+
+        def __call__(self, x):
+            pool = lambda h: nnx.max_pool(h, (2, 2), (2, 2))  # noqa: E731
+            a = self.d1(x)
+            b = self.d2(pool(a))
+            u = self.u2(jnp.concatenate([self.up2(self.d3(pool(b))), b], -1))
+            return self.out(self.u1(jnp.concatenate([self.up1(u), a], -1)))
+
+    graphdef, state = nnx.split(Net(nnx.Rngs(seed)))
+
+    def loss(params, batch):
+        x, y = batch
+        return jnp.mean((nnx.merge(graphdef, params)(x) - y) ** 2)
+
+    kx, ky = jax.random.split(jax.random.PRNGKey(seed))
+    x = jax.random.normal(kx, (batch, image, image, 3))
+    y = jax.random.normal(ky, (batch, image, image, 1))
+    return Model(f"flax_unet3_{channels}_i{image}_b{batch}", loss, state, (x, y))
+
+
 def flax_scan_lstm(steps: int = 64, hidden: int = 256, features: int = 64, batch: int = 64, seed: int = 0) -> Model:
     """An LSTM in Flax NNX (`OptimizedLSTMCell`) run by `lax.scan` over the
     steps of its batch (steps, batch, features), a linear read-out of every step."""
