@@ -138,6 +138,22 @@ def flax_resnet_groupnorm(blocks: int = 8, channels: int = 32, image: int = 32, 
     return Model(f"flax_resnet_gn{blocks}x{channels}_i{image}_b{batch}", loss, state, (x, jnp.arange(batch) % 10))
 
 
+def _map_regression(net, name: str, image: int, batch: int, seed: int) -> Model:
+    """`net`, regressing random one-channel maps of random RGB images by mean squared error."""
+    from flax import nnx
+
+    graphdef, state = nnx.split(net)
+
+    def loss(params, batch):
+        x, y = batch
+        return jnp.mean((nnx.merge(graphdef, params)(x) - y) ** 2)
+
+    kx, ky = jax.random.split(jax.random.PRNGKey(seed))
+    x = jax.random.normal(kx, (batch, image, image, 3))
+    y = jax.random.normal(ky, (batch, image, image, 1))
+    return Model(name, loss, state, (x, y))
+
+
 def flax_unet(channels: int = 16, image: int = 32, batch: int = 16, seed: int = 0) -> Model:
     """A two-level U-Net in Flax NNX, regressing a one-channel map: 3x3
     convolutions with GELU and SiLU, an average pool down, nearest
@@ -165,16 +181,7 @@ def flax_unet(channels: int = 16, image: int = 32, batch: int = 16, seed: int = 
             u = self.norm(nnx.relu(self.up(u)))
             return self.out(jnp.concatenate([u, h1], -1))
 
-    graphdef, state = nnx.split(Net(nnx.Rngs(seed)))
-
-    def loss(params, batch):
-        x, y = batch
-        return jnp.mean((nnx.merge(graphdef, params)(x) - y) ** 2)
-
-    kx, ky = jax.random.split(jax.random.PRNGKey(seed))
-    x = jax.random.normal(kx, (batch, image, image, 3))
-    y = jax.random.normal(ky, (batch, image, image, 1))
-    return Model(f"flax_unet{channels}_i{image}_b{batch}", loss, state, (x, y))
+    return _map_regression(Net(nnx.Rngs(seed)), f"flax_unet{channels}_i{image}_b{batch}", image, batch, seed)
 
 
 def flax_unet3(channels: int = 16, image: int = 32, batch: int = 16, seed: int = 0) -> Model:
@@ -208,16 +215,7 @@ def flax_unet3(channels: int = 16, image: int = 32, batch: int = 16, seed: int =
             u = self.u2(jnp.concatenate([self.up2(self.d3(pool(b))), b], -1))
             return self.out(self.u1(jnp.concatenate([self.up1(u), a], -1)))
 
-    graphdef, state = nnx.split(Net(nnx.Rngs(seed)))
-
-    def loss(params, batch):
-        x, y = batch
-        return jnp.mean((nnx.merge(graphdef, params)(x) - y) ** 2)
-
-    kx, ky = jax.random.split(jax.random.PRNGKey(seed))
-    x = jax.random.normal(kx, (batch, image, image, 3))
-    y = jax.random.normal(ky, (batch, image, image, 1))
-    return Model(f"flax_unet3_{channels}_i{image}_b{batch}", loss, state, (x, y))
+    return _map_regression(Net(nnx.Rngs(seed)), f"flax_unet3_{channels}_i{image}_b{batch}", image, batch, seed)
 
 
 def flax_scan_lstm(steps: int = 64, hidden: int = 256, features: int = 64, batch: int = 64, seed: int = 0) -> Model:

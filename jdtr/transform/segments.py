@@ -14,7 +14,7 @@ import dataclasses
 import functools
 import weakref
 from dataclasses import dataclass, field
-from typing import Any, Callable, Mapping, Optional, Sequence
+from typing import Callable, Mapping, Optional, Sequence
 
 import jax.numpy as jnp
 import numpy as np
@@ -94,7 +94,6 @@ class Segment:
         return tuple(leaf for c in self.children for leaf in c.leaves())
 
 
-
 def is_float(v: Value) -> bool:
     return _is_float_dtype(v.dtype)
 
@@ -105,7 +104,6 @@ def _is_float_dtype(dtype) -> bool:
         return bool(jnp.issubdtype(dtype, jnp.inexact))
     except TypeError:  # extended dtypes (PRNG keys)
         return False
-
 
 
 # -------------------------------------------------------------- segmentation
@@ -320,19 +318,13 @@ def predicted_bytes(
     return fixed_bytes(program, gradient_bytes) + sum(v.nbytes for v in kept) + scan_kept + transient
 
 
-def recompute_cost(
-    program: Program, segments: Sequence[Segment], reruns_whole: Optional[Callable[[Segment, Any], bool]] = None
-) -> float:
-    """What the compiled backward pass reruns of `segments` (cost-model units).
-
-    JAX recomputes a leaf's residuals from its inputs and saved values: it
-    reruns every equation a recomputed residual is made of, through values
-    the leaf does not save, and each equation `reruns_whole(leaf, item)`
-    names with what it reads (`costly.keeps_hidden`: a derivative that keeps
-    values no name reaches, which a plan saves only by signature). Without
-    it such equations are priced by their outputs alone, which misprices
-    every plan that saves none by signature alike. A segment with children
-    runs forward again whole first."""
+def recompute_cost(program: Program, segments: Sequence[Segment], reruns_whole: Optional[Callable] = None) -> float:
+    """What the compiled backward pass reruns of `segments` (cost-model units):
+    a leaf reruns every equation a recomputed residual is made of, through
+    values it does not save, and each equation `reruns_whole(leaf, item)`
+    names, with what it reads (`costly.keeps_hidden`: derivatives that keep
+    values no name reaches); a segment with children runs forward again
+    whole first."""
     producers = definitions(program)
     return sum(_recompute_cost(program, producers, seg, reruns_whole) for seg in segments)
 
@@ -343,13 +335,8 @@ def _recompute_cost(program: Program, producers: dict, seg: Segment, reruns_whol
         again = sum(item_cost(item) for item in body[seg.start : seg.stop])
         return again + sum(_recompute_cost(program, producers, c, reruns_whole) for c in seg.children)
     known = {*seg.inputs, *seg.saved}
-    pending = list(seg.recomputed)
-    rerun: set[int] = set()
-    if reruns_whole is not None:
-        for i in range(seg.start, seg.stop):
-            if reruns_whole(seg, body[i]):
-                rerun.add(i)
-                pending.extend(body[i].args)
+    rerun = {i for i in range(seg.start, seg.stop) if reruns_whole is not None and reruns_whole(seg, body[i])}
+    pending = [*seg.recomputed, *(v for i in rerun for v in body[i].args)]
     while pending:
         v = pending.pop()
         i = producers.get(v, -1)  # (-1: an input of the program)
@@ -362,9 +349,7 @@ def _recompute_cost(program: Program, producers: dict, seg: Segment, reruns_whol
 
 def item_cost(item) -> float:
     """An item's cost in the cost model's units (1 where it has none: a cond, a measured cost)."""
-    if isinstance(item, Equation):
-        return item.cost if item.cost is not None else 1.0
-    return 1.0
+    return item.cost if isinstance(item, Equation) and item.cost is not None else 1.0
 
 
 def _nest_left(
