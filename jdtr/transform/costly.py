@@ -22,8 +22,8 @@ sorts an iota beside the keys and keeps the permutation
 
 `rerun_cost` prices a plan as its compiled step runs it, by what the
 backward pass reruns (`segments.recompute_cost`, with those derivatives'
-equations rerun whole unless saved by signature), so that the planner offers this candidate only where
-it reruns less than DTR's own plan.
+equations rerun whole unless saved by signature), so that the planner
+offers this candidate only where it reruns less than DTR's own plan.
 """
 
 from __future__ import annotations

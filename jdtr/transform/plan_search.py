@@ -266,8 +266,8 @@ class PlanSearch:
             if gates_differ(planning.forward, plan.segments, self.implementation):
                 # The taint keeps convolutions fast, but XLA may hoist backward
                 # work on the saved inputs into the forward pass: the same
-                # segments with those inputs gated too ("inputs"); the first
-                # such plans gated by conds are the fallback, should no tainted
+                # segments with those inputs gated too ("inputs"); such
+                # plans, gated by conds, are the fallbacks, should no tainted
                 # plan fit (slow).
                 inputs = self.measure(dataclasses.replace(plan, gate="inputs", compiled_bytes=None))
                 if inputs.compiled_bytes <= target:
