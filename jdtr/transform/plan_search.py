@@ -91,9 +91,11 @@ def _simulated(planning: Any, sim_budget: int, heuristic) -> Optional[tuple[Any,
     return simulated, {fwd_value for fwd_value, vg_value in planning.reads.items() if vg_value not in rematerialized}
 
 
-def _plan_of(planning: Any, simulated: Any, saved: set, cut: tuple) -> Plan:
+def _plan_of(planning: Any, simulated: Any, saved: set, cut: tuple, predicted: Optional[int] = None) -> Plan:
+    """The plan of `cut`; `predicted`, its `predicted_bytes` where the caller has them."""
     saved_all = frozenset(saved | {v for s in cut for v in s.inputs})
-    predicted = predicted_bytes(planning.forward, cut, planning.gradient_bytes, planning.scan_memory)
+    if predicted is None:
+        predicted = predicted_bytes(planning.forward, cut, planning.gradient_bytes, planning.scan_memory)
     return Plan(
         0, cut, saved_all, simulated, planning.forward, planning.config, predicted_bytes=predicted,
         scans=planning.kept_scans,
@@ -124,8 +126,8 @@ def flat_plans(planning: Any, sim_peak: int, heuristic, points: int) -> list[Pla
             continue
         simulated, saved = simulation
         cuts = flat_cuts(planning.forward, saved, planning.residuals, planning.gradient_bytes, planning.scan_memory)
-        for cut, _ in cuts.flat():
-            plan = _plan_of(planning, simulated, saved, cut)
+        for cut, predicted in cuts.flat():  # (predicted as `_plan_of` would: the same program, gradients and scans)
+            plan = _plan_of(planning, simulated, saved, cut, predicted)
             found.setdefault(layout(plan), plan)
     return sorted(found.values(), key=lambda p: p.predicted_bytes)
 

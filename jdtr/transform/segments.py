@@ -325,7 +325,7 @@ def recompute_cost(program: Program, segments: Sequence[Segment], reruns_whole: 
     names, with what it reads (`costly.keeps_hidden`: derivatives that keep
     values no name reaches); a segment with children runs forward again
     whole first."""
-    producers = definitions(program)
+    producers = _crossings(program).defined_at  # (`definitions`, kept per program)
     return sum(_recompute_cost(program, producers, seg, reruns_whole) for seg in segments)
 
 
