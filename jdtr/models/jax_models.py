@@ -1,6 +1,6 @@
 """Reference models in plain JAX (`jdtr.models`' own): chains, convolutional
-nets, a transformer, an RNN, a model under `shard_map`, layers of sorts, and
-a WaveNet for per-example gradients."""
+nets, a transformer, an RNN, a model under `shard_map`, layers of sorts, a
+WaveNet for per-example gradients, and a graph network."""
 
 from __future__ import annotations
 
@@ -409,3 +409,24 @@ def wavenet(layers: int = 8, channels: int = 32, length: int = 2048, examples: i
         return jnp.mean(((h @ p["out"])[:, :-1] - x[:, 1:]) ** 2)
 
     return Model(f"wavenet{layers}x{channels}_l{length}_e{examples}", loss, params, xs)
+
+
+def message_passing(layers: int = 6, nodes: int = 4096, edges: int = 32768, dim: int = 64, seed: int = 0) -> Model:
+    """A graph network: each layer gathers its nodes' features along random
+    edges, sums them at the receivers (`jax.ops.segment_sum`: a scatter-add)
+    and updates every node with a GELU layer of its features and messages.
+    The batch is (features, senders, receivers). The gathered messages (edges
+    x dim) are the step's largest values, and XLA fuses them into the scatter."""
+    keys = jax.random.split(jax.random.PRNGKey(seed), layers + 3)
+    params = [jax.random.normal(k, (2 * dim, dim)) / (2 * dim) ** 0.5 for k in keys[:layers]]
+    x = jax.random.normal(keys[-1], (nodes, dim))
+    senders, receivers = (jax.random.randint(k, (edges,), 0, nodes) for k in keys[layers : layers + 2])
+
+    def loss(params, batch):
+        h, senders, receivers = batch
+        for w in params:
+            messages = jax.ops.segment_sum(h[senders], receivers, num_segments=nodes) * (nodes / edges)
+            h = h + 0.1 * jax.nn.gelu(jnp.concatenate([h, messages], -1) @ w)
+        return jnp.mean(h**2)
+
+    return Model(f"message_passing{layers}x{dim}_n{nodes}_e{edges}", loss, params, (x, senders, receivers))

@@ -26,6 +26,7 @@ from .checkpoint_plan import Plan, layout
 from .program import Equation, Value
 from .segments import (
     LEFT_NESTED_MAX, flat_cuts, nested_left, predicted_bytes, recompute_cost, segments, uniform_leaves,
+    uniform_segments,
 )
 
 # Where the plan for a smaller target is one already measured, the target
@@ -130,6 +131,16 @@ def flat_plans(planning: Any, sim_peak: int, heuristic, points: int) -> list[Pla
             plan = _plan_of(planning, simulated, saved, cut, predicted)
             found.setdefault(layout(plan), plan)
     return sorted(found.values(), key=lambda p: p.predicted_bytes)
+
+
+def uniform_plan(planning: Any, base: Plan) -> Plan:
+    """The uniform-segments candidate (`segments.uniform_segments`), of `base`'s step."""
+    cut = uniform_segments(planning.forward, planning.residuals, planning.gradient_bytes)
+    gate = "auto" if base.gate == "cond" else base.gate  # (a cond-gated base is the slow fallback)
+    return dataclasses.replace(
+        base, segments=cut, saved=frozenset(v for s in cut for v in s.inputs), compiled_bytes=None, origin="uniform",
+        gate=gate, predicted_bytes=predicted_bytes(planning.forward, cut, planning.gradient_bytes),
+    )
 
 
 def search_simulated_budget(
@@ -289,9 +300,9 @@ class PlanSearch:
         return self._last_resorts(fallbacks)
 
     def _last_resorts(self, fallbacks: list[Plan]) -> Optional[Plan]:
-        """Where the search's path found no plan that fits: left nestings,
-        a sweep of DTR's flat plans (`_sweep`), the cond-gated `fallbacks`
-        (`_cond_gated`), plans measured before."""
+        """Where the search's path found no plan that fits: left nestings, a
+        sweep of DTR's flat plans and the uniform one (`_sweep`), the
+        cond-gated `fallbacks` (`_cond_gated`), plans measured before."""
         planning = self.planning
         tainted = self._without_conds(recomputing_convolutions=True)
         if tainted:
@@ -345,28 +356,31 @@ class PlanSearch:
     def _sweep(self) -> Optional[Plan]:
         """Where nothing else fits, before the error: DTR's flat plans
         across simulated budgets (`flat_plans`), least predicted first, those
-        not measured yet, at most `SWEEP_COMPILES` of them. Only those the
-        memory model fits in the target, unless no plan measured has beaten
-        `jax.grad`'s own step, which the error would then suggest.
+        not measured yet, at most `SWEEP_COMPILES` of them, then the uniform
+        plan. Only those the memory model fits in the target, unless no plan
+        measured has beaten `jax.grad`'s own step (the error would suggest it).
 
         XLA's bytes need not follow the model's order, so the proportional
         step down (`less`) can pass over the plan that fits: on a language
         model's head, with the output projection's transposed weight its own
         segment, a plan predicted at 13.8 MiB compiled to 27.9 (over
         `jax.grad`'s 23.1), and the next, 13.3, to 27.4; the step down went
-        below the one at 12.8, which compiles to 18.6. A target of 0.9 failed
-        where 0.95 found it. Not for kept or unrolled scans, whose error
-        paths compile large steps (and whose floors `out_of_reach` bounds)."""
+        below the one at 12.8, which compiles to 18.6. Not for kept or
+        unrolled scans, whose error paths compile large steps."""
         planning = self.planning
         if planning.kept_scans or planning.unrolled:
             return None
         beaten = any(p.compiled_bytes < planning.unconstrained for p in planning.measured.values())
         limit = model_target(planning, self.target) if beaten else float("inf")
-        candidates = [
-            p for p in flat_plans(planning, self.sim_peak, self.heuristic, SWEEP_BUDGETS)
-            if p.predicted_bytes <= limit and layout(p) not in self.tried and layout(p) not in planning.measured
-        ]
-        for plan in candidates[:SWEEP_COMPILES]:
+
+        def fresh(p: Plan) -> bool:
+            return p.predicted_bytes <= limit and layout(p) not in self.tried and layout(p) not in planning.measured
+
+        candidates = [p for p in flat_plans(planning, self.sim_peak, self.heuristic, SWEEP_BUDGETS) if fresh(p)]
+        # Then the uniform plan, whose cuts need no DTR run: DTR's runs fail at
+        # low simulated budgets where it holds values that XLA fuses away.
+        uniform = [uniform_plan(planning, self.best)] if self.best is not None else []
+        for plan in candidates[:SWEEP_COMPILES] + [p for p in uniform if fresh(p)]:
             plan = self.measure(plan)
             if plan.compiled_bytes <= self.target:
                 return self._closer(plan)

@@ -56,13 +56,14 @@ from .plan_search import (
     out_of_reach,
     scan_floor,
     search_simulated_budget,
+    uniform_plan,
 )
 from .normalize import normalize
 from .program import Program, Value
 from .scans import (
     STRATEGIES, KeptScan, ScanMemory, ScanStrategy, as_run, for_length, kept_scans, scan_memory, with_strategy,
 )
-from .segments import NAME_PREFIX, fixed_bytes, predicted_bytes, uniform_segments
+from .segments import NAME_PREFIX, fixed_bytes, predicted_bytes
 
 
 IMPLEMENTATIONS = ("auto", "checkpoint", "protected")
@@ -154,18 +155,6 @@ def _backward_reads(forward: Program, vg: Program) -> dict[Value, Value]:
         if getattr(producer[v], "name", None) not in own and len(made_of) == 1 and made_of[0].nbytes == v.nbytes:
             pending.append(made_of[0])
     return reads
-
-
-def uniform_plan(planning: "Planning", base: Plan) -> Plan:
-    """The uniform-segments candidate, beside DTR's `base` plan for the same step."""
-    forward, gradient_bytes = planning.forward, planning.gradient_bytes
-    cut = uniform_segments(forward, planning.residuals, gradient_bytes)
-    saved = frozenset(v for s in cut for v in s.inputs)
-    predicted = predicted_bytes(forward, cut, gradient_bytes)
-    gate = "auto" if base.gate == "cond" else base.gate  # (a cond-gated base is the slow fallback)
-    return dataclasses.replace(
-        base, segments=cut, saved=saved, predicted_bytes=predicted, compiled_bytes=None, origin="uniform", gate=gate
-    )
 
 
 def _value_and_grad_program(config: Config, forward: Program) -> Program:
