@@ -63,7 +63,7 @@ from .program import Program, Value
 from .scans import (
     STRATEGIES, KeptScan, ScanMemory, ScanStrategy, as_run, for_length, kept_scans, scan_memory, with_strategy,
 )
-from .segments import NAME_PREFIX, fixed_bytes, predicted_bytes
+from .segments import NAME_PREFIX, fixed_bytes
 
 
 IMPLEMENTATIONS = ("auto", "checkpoint", "protected")
