@@ -26,6 +26,7 @@ import jdtr
 from jdtr import models
 
 from jdtr.runtime import format_bytes
+from jdtr.transform.program import Equation
 
 from budgets import biting_plan
 
@@ -759,7 +760,10 @@ def test_convolution_segments_are_gated_without_a_cond_and_keep_their_saving():
     a taint instead (`checkpoint.GATES`), so the compiled step holds no
     conditional, and CSE still cannot merge the recomputation away (the
     saving is kept, unlike plain checkpoints), with `jax.grad`'s gradients.
-    The planner keeps a plan within the budget, gated either way."""
+    Gated by "cond_recompute", only the recomputation runs in conds: they
+    hold each recomputed forward convolution once and none of the
+    gradients' (under "cond", the whole pullback in the cond, they hold
+    those too). The planner keeps a plan within the budget, gated either way."""
     m = jdtr.models.flax_resnet_groupnorm(blocks=2, channels=8, image=8, batch=8)
     plan = jdtr.plan(m.loss, m.params, m.batch, budget=0.7, autotune=False)
     assert plan.gate in ("auto", "inputs", "cond") and plan.compiled_bytes <= plan.budget_bytes, plan.report()
@@ -783,15 +787,21 @@ def test_convolution_segments_are_gated_without_a_cond_and_keep_their_saving():
         return count
 
     # Each variant compiled once: its program is read, measured and run.
-    (tainted, tainted_bytes), (conds, _) = (
-        compiled_and_total(dataclasses.replace(plan, gate=gate).grad, m.params, m.batch) for gate in ("auto", "cond")
+    (tainted, tainted_bytes), (conds, _), (recomputing, _) = (
+        compiled_and_total(dataclasses.replace(plan, gate=gate).grad, m.params, m.batch)
+        for gate in ("auto", "cond", "cond_recompute")
     )
     assert "convolution(" in tainted.as_text() and convolutions_in_branches(tainted) == 0
-    assert convolutions_in_branches(conds) > 0
+    body = plan.program.body
+    recomputed = sum(
+        isinstance(item, Equation) and item.name == "conv_general_dilated"
+        for seg in plan.segments for item in body[seg.start : seg.stop]
+    )
+    assert 0 < convolutions_in_branches(recomputing) <= recomputed < convolutions_in_branches(conds)
     if xla_strips_checkpoint_barriers():  # then plain checkpoints lose the saving a taint keeps
         plain = compiled_total(as_implementation(plan, "checkpoint").grad, m.params, m.batch)
         assert tainted_bytes < 0.95 * plain  # (a small net: a few activations saved)
-    for step in (tainted, conds):
+    for step in (tainted, conds, recomputing):
         assert_trees_close(step(m.params, m.batch), reference, rtol=1e-4, atol=1e-6)
 
 
@@ -1048,7 +1058,8 @@ def test_the_cond_gated_fallback_is_compiled_only_where_nothing_without_conds_fi
     with pytest.warns(jdtr.SlowPlanWarning):
         plan = jdtr.plan(loss, m.params, m.batch, budget=0.8, autotune=False)
     conds = [nbytes for gate, nbytes in compiled if gate == "cond"]
-    assert [gate for gate, _ in compiled][-2:] == ["cond", "cond"] and len(compiled) > 2
+    # (Gated by "cond_recompute" first: on this tiny net both are over.)
+    assert [gate for gate, _ in compiled][-4:] == ["cond_recompute"] * 2 + ["cond"] * 2 and len(compiled) > 4
     assert conds[0] > plan.budget_bytes >= conds[1] == plan.compiled_bytes and plan.gate == "cond"
     reference = jax.jit(jax.grad(m.loss))(m.params, m.batch)
     assert_trees_close(jax.jit(plan.grad)(m.params, m.batch), reference, rtol=1e-4, atol=1e-6)
@@ -1078,7 +1089,7 @@ def test_a_vgg_like_cnn_plans_within_the_budget_with_jax_grads():
     plan measured is no longer proposed: the bisection goes on to lower
     simulated budgets."""
     from jdtr.transform.checkpoint_plan import layout
-    from jdtr.transform.plan_search import search_simulated_budget
+    from jdtr.transform.simulated_plans import search_simulated_budget
     from jdtr.transform.planning import planning_cache
 
     m = jdtr.models.plain_cnn(layers=4, channels=8, image=16, batch=4, pools=(1,))
@@ -1229,7 +1240,7 @@ def test_the_cuts_of_a_program_are_the_same_with_its_flat_cuts_kept_or_not(monke
     none kept."""
     from jdtr.transform import segments as segmentation
     from jdtr.transform.arguments import flatten_arguments
-    from jdtr.transform.plan_search import plan_at
+    from jdtr.transform.simulated_plans import plan_at
     from jdtr.transform.planning import _planning_for
 
     m = model("mlp")

@@ -99,3 +99,47 @@ def test_where_dtrs_runs_fail_at_low_budgets_the_sweep_measures_the_uniform_plan
     expected = jax.grad(m.loss)(m.params, m.batch)
     for a, b in zip(jax.tree_util.tree_leaves(jax.jit(plan.grad)(m.params, m.batch)), jax.tree_util.tree_leaves(expected)):
         np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-4, atol=1e-6)
+
+
+def test_the_fallbacks_gated_by_conds_run_the_convolutions_gradients_after_them_first():
+    """Where nothing without conds fits, the path's fallbacks (the first,
+    then the one asked for least) are measured gated by "cond_recompute"
+    (the convolutions' gradients after the conds, at their speed) before
+    "cond" (the gradients in the conds, ~20x slower on the CPU, and smaller
+    on tiny nets), and the search stops at the first that fits."""
+    import dataclasses
+    from types import SimpleNamespace
+
+    from jdtr.transform.checkpoint_plan import layout
+
+    @dataclasses.dataclass(frozen=True)
+    class Fallback:  # what the search reads of a plan
+        predicted_bytes: int
+        gate: str = "cond"
+        tied: bool = False
+        segments: tuple = ()
+
+    def fallback(predicted):
+        segment = SimpleNamespace(start=0, stop=predicted, saved=(), children=(), signatures=frozenset())
+        return Fallback(predicted, segments=(segment,))
+
+    def search_where(fits):
+        """A search whose measured bytes fit the target only for the (gate, predicted) pairs in `fits`."""
+        search = plan_search.PlanSearch.__new__(plan_search.PlanSearch)
+        search.target, search.tried, measured = 1000, set(), []
+
+        def measure(plan):
+            search.tried.add(layout(plan))
+            measured.append((plan.gate, plan.predicted_bytes))
+            return SimpleNamespace(compiled_bytes=900 if (plan.gate, plan.predicted_bytes) in fits else 1100)
+
+        search.measure = measure
+        return search, measured
+
+    fallbacks = [fallback(30), fallback(20), fallback(10)]  # the first, then the least predicted
+    search, measured = search_where({("cond_recompute", 10), ("cond", 30)})
+    search._cond_gated(fallbacks)
+    assert measured == [("cond_recompute", 30), ("cond_recompute", 10)]
+    search, measured = search_where({("cond", 10)})
+    search._cond_gated(fallbacks)
+    assert measured == [("cond_recompute", 30), ("cond_recompute", 10), ("cond", 30), ("cond", 10)]

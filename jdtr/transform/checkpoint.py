@@ -5,10 +5,13 @@ XLA on the CPU removes `jax.checkpoint`'s optimisation barriers (its
 into the forward pass and nothing is saved. Segments are therefore wrapped,
 by default on the CPU, in a `custom_vjp` whose backward pass depends on a
 predicate XLA cannot decide at compile time (from a cotangent's bits), in
-one of two ways (the *gate*):
+one of these ways (the *gate*):
 
 * "cond": the recomputation runs inside a `lax.cond` on it; CSE cannot
-  reach into a conditional's branch.
+  reach into a conditional's branch. Under "cond" the whole pullback runs
+  there; under "cond_recompute", where the segment recomputes a
+  convolution, the recomputation alone does, the cond returning the
+  residuals of its linearization, and the pullback reads them after it.
 * "select": every recomputed operation reads a *taint*, a float zero the
   segment takes as an input, added to its smallest float operand (for a
   convolution, its kernel). The backward pass replaces the taint among the
@@ -23,6 +26,19 @@ slower than outside one (issue 22: an 8-block ResNet took 31x
 taint costs a scalar add per operation, fused into it or into its operand's
 producer. A segment that recomputes a convolution is gated by "select", any
 other by "cond" (which cost nothing where no convolution suffers).
+
+A forward convolution inside a cond runs at its speed; only the gradients
+are slow there. Under "cond_recompute" they run outside the cond, after it,
+reading what it returns, so nothing of the backward pass can run before the
+segment's turn and CSE cannot merge what the cond computes: a 6-layer CNN
+in 3 segments took 1.37x `jax.jit(jax.grad)`'s step in 0.51 of its bytes,
+where the whole pullback in the cond took 32x in 0.54, and a 3-level U-Net
+at 0.5 of its bytes 1.33x instead of 15x. The cond's outputs are copies,
+the segment's inputs among them, and the segment keeps its inputs alone
+(what its policy would save is recomputed in the cond with the rest): on
+tiny nets, where XLA's fixed buffers are most of the step, it compiled up
+to 1.8x larger than "cond". The planner measures it first, then "cond"
+(`plan_search.PlanSearch._cond_gated`).
 
 Outside a cond, XLA may also move work of the backward pass into the
 forward: the transposed copy of a segment's input that a convolution's
@@ -177,8 +193,14 @@ def named_forward(program: Program):
 # else "cond"; "inputs": as "auto", every residual selected too ("select_all");
 # "anchored": as "inputs", the pullback's constants tied to the predicate too
 # ("select_anchored", `anchoring.py`); "cond": conds for every segment;
-# "taint": the taint for every segment.
-GATES = ("auto", "inputs", "anchored", "cond", "taint")
+# "taint": the taint for every segment; "cond_recompute": conds for every
+# segment, those that recompute a convolution running the recomputation
+# alone in theirs (the pullback after it).
+GATES = ("auto", "inputs", "anchored", "cond", "taint", "cond_recompute")
+# The gates that run segments' recomputation in conds, in the order the
+# planner measures its fallbacks: a convolution's gradients after the cond,
+# then in it (~20x slower on the CPU; on tiny nets smaller).
+CONDS = ("cond_recompute", "cond")
 _SELECTS = {"inputs": "select_all", "anchored": "select_anchored"}
 
 
@@ -258,7 +280,8 @@ def _run_segment(
     if selected:
         args, floats = [jnp.zeros((), jnp.float32) if taint is None else taint, *args], [True, *floats]
     if implementation == "protected":
-        wrapped = _protected_checkpoint(body, seg.policy, floats, select if selected else "cond")
+        recomputing = gate == "cond_recompute" and _recomputes_a_convolution(program, seg)
+        wrapped = _protected_checkpoint(body, seg.policy, floats, select if selected else gate if recomputing else "cond")
     else:
         wrapped = jax.checkpoint(body, policy=seg.policy, prevent_cse=True)
     outs = wrapped(*args)
@@ -316,7 +339,9 @@ def _protected_checkpoint(
     The backward pass depends on a predicate XLA cannot decide at compile
     time (the bits of a cotangent element, or-ed with 1, are never zero),
     by `gate` (the module's docstring): "cond" runs the recomputation in a
-    `lax.cond` on it; "select" replaces the taint, `fn`'s first input, by a
+    `lax.cond` on it, and the whole pullback with it; "cond_recompute" the
+    recomputation alone, the pullback after the cond, reading the residuals
+    it returns; "select" replaces the taint, `fn`'s first input, by a
     select on it; "select_all" every float residual too; "select_anchored"
     also the constants of the pullback (`anchoring.anchored`). `differentiable`
     marks the float inputs; the others (integers, keys) are carried as
@@ -337,6 +362,8 @@ def _protected_checkpoint(
     def forward(*xs):
         floats = [x for x, d in zip(xs, differentiable) if d]
         others = [x for x, d in zip(xs, differentiable) if not d]
+        if gate == "cond_recompute":  # the inputs alone are kept
+            return fn(*xs), (floats, others)
         out, vjp_fn = jax.vjp(lambda *f: checkpointed(*merge(f, others)), *floats)
         if gate != "cond":  # the taint is the first input
             found = [i for i, r in enumerate(jax.tree_util.tree_leaves(vjp_fn)) if r is xs[0]]
@@ -344,11 +371,18 @@ def _protected_checkpoint(
         return out, (vjp_fn, others)
 
     def backward(residuals, cotangents):
-        vjp_fn, _ = residuals
+        vjp_fn, others = residuals  # (under "cond_recompute", the float inputs in place of the pullback)
         # (Empty ones hold no element to read; all empty, the cotangent is zero and so is the pullback.)
         leaves = [x for x in jax.tree_util.tree_leaves(cotangents) if jnp.issubdtype(x.dtype, jnp.inexact) and x.size]
         zeros = lambda f, g: jax.tree_util.tree_map(jnp.zeros_like, jax.eval_shape(f, g))  # noqa: E731
-        if not leaves:  # no float output with an element: nothing flows back
+        if gate == "cond_recompute":
+            floats = vjp_fn
+            if not leaves:
+                grads = [jnp.zeros_like(x) for x in floats]
+            else:
+                of_floats = lambda *f: fn(*merge(f, others))  # noqa: E731
+                grads = _recomputed_in_cond(of_floats, floats, _undecided(_an_element(leaves)))(cotangents)
+        elif not leaves:  # no float output with an element: nothing flows back
             grads = zeros(vjp_fn, cotangents)
         else:
             undecided = _undecided(_an_element(leaves))
@@ -373,3 +407,22 @@ def _protected_checkpoint(
 
     segment.defvjp(forward, backward)
     return segment
+
+
+def _recomputed_in_cond(fn: Callable, primals: Sequence[Any], predicate: Any) -> Callable:
+    """`fn`'s pullback at `primals`, its linearization (the recomputation)
+    run inside a `lax.cond` on `predicate` (always true; XLA cannot tell),
+    which returns the pullback's residuals: the pullback itself, and the
+    convolutions' gradients in it, run outside the cond."""
+    structure: list = []
+
+    def linearized(*xs):
+        _, pullback = jax.vjp(fn, *xs)
+        residuals, tree = jax.tree_util.tree_flatten(pullback)
+        structure[:] = [tree]
+        return residuals
+
+    shapes = jax.eval_shape(linearized, *primals)
+    nothing = lambda *xs: [jnp.zeros(r.shape, r.dtype) for r in shapes]  # noqa: E731 - never taken
+    residuals = lax.cond(predicate, linearized, nothing, *primals)
+    return jax.tree_util.tree_unflatten(structure[0], residuals)

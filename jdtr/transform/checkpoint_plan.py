@@ -93,9 +93,12 @@ class Plan:
         inputs selected by the predicate too (so XLA cannot move their
         backward uses into the forward pass); "anchored" as "inputs", with
         the constants the pullback makes tied to the predicate too
-        (`anchoring.py`); "cond" gates every one by a
-        `lax.cond` (the planner's fallback where no tainted plan fits: a
-        convolution's gradient runs ~20x slower in it on the CPU); "taint"
+        (`anchoring.py`); "cond_recompute" gates every one by a
+        `lax.cond`, a convolution's segment running its recomputation alone
+        in it and its pullback after it (the planner's fallback where no
+        tainted plan fits); "cond" gates every one by a `lax.cond` holding
+        the whole pullback (the last fallback: a convolution's gradient
+        runs ~20x slower in it on the CPU); "taint"
         gates every one by the taint (segments nested to the left where no
         plan fits a program without convolutions: XLA holds the temporaries
         of nested conds at once).

@@ -42,7 +42,7 @@ from .segments import Segment, is_float, item_cost, predicted_bytes, recompute_c
 # least this many times what its own reruns (cost-model units): it costs a
 # compile and a timing, which a plan that reruns about as much seldom repays.
 RERUN_GAIN = 1.25
-# How deep its segments may nest where no flat cut fits (as `plan_search.NESTING_DEPTHS`' middle).
+# How deep its segments may nest where no flat cut fits (as `simulated_plans.NESTING_DEPTHS`' middle).
 NESTING = 3
 # At most this many levels of c/m are tried, spread over the program's (a
 # cut of the forward pass each).

@@ -1,8 +1,6 @@
 """The search for a plan that fits: DTR simulated at a budget, its plan compiled and measured.
 
-`plan_at` reads one plan off DTR's run at a simulated budget;
-`search_simulated_budget` bisects the simulated budget for the largest plan
-whose predicted memory fits a target; `PlanSearch` compiles such plans and,
+`PlanSearch` compiles the plans `simulated_plans` reads off DTR's runs and,
 where XLA needs more than predicted, plans for proportionally less (never a
 plan it measured already), until one fits, or, where none does, takes the
 plan that fits among those measured for the same step, by it (cond-gated
@@ -15,31 +13,20 @@ candidates of one step) is what they search.
 from __future__ import annotations
 
 import dataclasses
-from typing import AbstractSet, Any, Optional
+from typing import Any, Optional
 
 import jax
 
-from ..offline import run
-from ..runtime import Observer, OutOfBudgetError, format_bytes
-from .checkpoint import gates_differ, makes_random_bits, protects
+from ..runtime import OutOfBudgetError, format_bytes
+from .checkpoint import CONDS, gates_differ, makes_random_bits, protects
 from .checkpoint_plan import Plan, layout
-from .program import Equation, Value
-from .segments import (
-    LEFT_NESTED_MAX, flat_cuts, nested_left, predicted_bytes, recompute_cost, segments, uniform_leaves,
-    uniform_segments,
-)
+from .segments import LEFT_NESTED_MAX, nested_left, predicted_bytes, recompute_cost, uniform_leaves
+from .simulated_plans import flat_plans, search_simulated_budget, uniform_plan
 
 # Where the plan for a smaller target is one already measured, the target
 # shrinks by this factor, at most this many times, before the search gives up.
 REPEAT_SHRINK = 0.9
 MAX_REPEATS = 3
-# How deep segments may nest, tried in turn until a plan's prediction fits:
-# flat, then nested. Deeper nesting keeps fewer inputs (about log N levels
-# for a chain of N layers, as DTR's recursive recomputation) for more
-# recompute: the 64-layer test MLP at a quarter of its step compiled to
-# 1.029x the budget nested 3 deep, and fits nested 4 deep.
-NESTING_DEPTHS = (1, 3, 5)
-
 
 # A kept scan's strategy is searched only where the memory model's floor for
 # it (arguments, gradients and what the strategy keeps for its scans, no
@@ -57,133 +44,9 @@ SWEEP_COMPILES = 3
 
 class SlowPlanWarning(UserWarning):
     """The only plans `jdtr.plan` / `remat_grad` found within the budget
-    recompute convolutions inside `lax.cond`s, which XLA on the CPU runs
-    about 20x slower; the message gives the budget of the smallest plan
-    found without them."""
-
-
-class _Rematerialized(Observer):
-    """The values of the equations a run replayed."""
-
-    def __init__(self):
-        self.values: set[Value] = set()
-
-    def on_compute(self, op, cost, rematerialization, clock):
-        if rematerialization and isinstance(op.payload, Equation):
-            self.values.update(op.payload.outputs)
-
-
-def _simulated(planning: Any, sim_budget: int, heuristic) -> Optional[tuple[Any, set]]:
-    """DTR's run at `sim_budget` and the forward values whose residuals it
-    never rematerialized (saved), or None if DTR runs out of memory or
-    thrashes there. Cached by simulated budget: searches revisit budgets."""
-    simulations = planning.simulations
-    if sim_budget not in simulations:
-        # A plan that recomputes more than the whole step again is not worth
-        # reading (the driver's default overhead limit, 2x). A failed run is
-        # cached as None, not as an error, whose traceback would keep this
-        # call's frames (and the user's function) alive.
-        remat = _Rematerialized()
-        simulated = run(planning.workload, sim_budget, heuristic, observers=[remat])
-        simulations[sim_budget] = (simulated, remat.values) if simulated.ok else None
-    if simulations[sim_budget] is None:
-        return None
-    simulated, rematerialized = simulations[sim_budget]
-    return simulated, {fwd_value for fwd_value, vg_value in planning.reads.items() if vg_value not in rematerialized}
-
-
-def _plan_of(planning: Any, simulated: Any, saved: set, cut: tuple, predicted: Optional[int] = None) -> Plan:
-    """The plan of `cut`; `predicted`, its `predicted_bytes` where the caller has them."""
-    saved_all = frozenset(saved | {v for s in cut for v in s.inputs})
-    if predicted is None:
-        predicted = predicted_bytes(planning.forward, cut, planning.gradient_bytes, planning.scan_memory)
-    return Plan(
-        0, cut, saved_all, simulated, planning.forward, planning.config, predicted_bytes=predicted,
-        scans=planning.kept_scans,
-    )
-
-
-def plan_at(planning: Any, sim_budget: int, target: float, heuristic, max_depth: int = 1) -> Optional[Plan]:
-    """The plan read from DTR's run at `sim_budget`, or None if DTR runs out
-    of memory or thrashes there."""
-    found = _simulated(planning, sim_budget, heuristic)
-    if found is None:
-        return None
-    simulated, saved = found
-    cut = segments(
-        planning.forward, saved, planning.residuals, target, planning.gradient_bytes, max_depth, planning.scan_memory
-    )
-    return _plan_of(planning, simulated, saved, cut)
-
-
-def flat_plans(planning: Any, sim_peak: int, heuristic, points: int) -> list[Plan]:
-    """DTR's flat plans at `points` simulated budgets evenly spaced up to
-    `sim_peak`, each cut under every cap `segments` tries: distinct layouts,
-    least predicted bytes first."""
-    found: dict = {}
-    for k in range(1, points + 1):
-        simulation = _simulated(planning, max(sim_peak * k // points, 1), heuristic)
-        if simulation is None:
-            continue
-        simulated, saved = simulation
-        cuts = flat_cuts(planning.forward, saved, planning.residuals, planning.gradient_bytes, planning.scan_memory)
-        for cut, predicted in cuts.flat():  # (predicted as `_plan_of` would: the same program, gradients and scans)
-            plan = _plan_of(planning, simulated, saved, cut, predicted)
-            found.setdefault(layout(plan), plan)
-    return sorted(found.values(), key=lambda p: p.predicted_bytes)
-
-
-def uniform_plan(planning: Any, base: Plan) -> Plan:
-    """The uniform-segments candidate (`segments.uniform_segments`), of `base`'s step."""
-    cut = uniform_segments(planning.forward, planning.residuals, planning.gradient_bytes)
-    gate = "auto" if base.gate == "cond" else base.gate  # (a cond-gated base is the slow fallback)
-    return dataclasses.replace(
-        base, segments=cut, saved=frozenset(v for s in cut for v in s.inputs), compiled_bytes=None, origin="uniform",
-        gate=gate, predicted_bytes=predicted_bytes(planning.forward, cut, planning.gradient_bytes),
-    )
-
-
-def search_simulated_budget(
-    planning: Any, sim_peak: int, target: float, heuristic, steps: int = 10, measured: AbstractSet = frozenset()
-) -> Optional[Plan]:
-    """The plan for the largest simulated budget whose predicted compiled
-    memory fits `target` (bisection: less budget, fewer values kept), flat
-    if any flat plan fits, else with nested segments. A plan whose layout
-    is in `measured` (compiled before, over the target) counts as not
-    fitting, whatever its prediction: the search goes on to lower budgets.
-
-    The simulation and XLA count differently (XLA fuses, so it keeps fewer
-    and smaller residuals), so the simulated budget is searched for rather
-    than scaled: what must fit is the plan's prediction in XLA's terms.
-    Where the prediction is the same for plans that save more and less (a
-    conv net's, which the backward pass's transients set), asking for a
-    smaller target never changes the plan; leaving out the plans measured
-    does (a VGG-like net at 0.7, whose plan saving one ReLU output less fits).
-    """
-    smallest = None
-    for max_depth in NESTING_DEPTHS:
-        lo, hi = 0.0, float(sim_peak)
-        fitting = None
-        for _ in range(steps):
-            mid = (lo + hi) / 2
-            plan = plan_at(planning, max(int(mid), 1), target, heuristic, max_depth)
-            if plan is None:  # infeasible at this budget: go higher
-                lo = mid
-                continue
-            if smallest is None or plan.predicted_bytes < smallest.predicted_bytes:
-                smallest = plan
-            if plan.predicted_bytes <= target and layout(plan) not in measured:
-                fitting, lo = plan, mid
-            else:
-                hi = mid
-        if fitting is not None:
-            return fitting
-    if smallest is None:
-        # DTR ran out of memory at every budget tried below the peak (kept
-        # scans are single operators, with their residuals as one tensor):
-        # the segments alone, cut from the unconstrained run, may still fit.
-        return plan_at(planning, max(int(sim_peak), 1), target, heuristic, 3)
-    return smallest
+    run convolutions' gradients inside `lax.cond`s, which XLA on the CPU
+    runs about 20x slower; the message gives the budget of the smallest
+    plan found without them."""
 
 
 def out_of_reach(planning: Any, target: float) -> bool:
@@ -341,17 +204,23 @@ class PlanSearch:
         """Measures the path's plans gated by conds, compiled only now, where
         nothing without conds fits (a compile saved on every search that
         finds one): the first, which recomputes least, and where it is over
-        the target, the least predicted, asked for least. Kept in
-        `planning.measured` for `_measured_before`, here and at other budgets.
+        the target, the least predicted, asked for least; each under the
+        gates of `CONDS` in turn, the convolutions' gradients after the
+        conds first. Kept in `planning.measured` for `_measured_before`,
+        here and at other budgets.
 
         XLA holds more than the model predicts of a plan asked for more: on
         a U-Net at 0.5 of `jax.grad`'s bytes the first plan gated by conds
         compiled to 0.73, the path's second, asked for less, to 0.42; the
-        error suggested 0.51, where a call at 0.3 found 0.42."""
+        error suggested 0.51, where a call at 0.3 found 0.42. A 3-level
+        U-Net at 0.5: 0.469 of the bytes under "cond_recompute", at 1.33x
+        `jax.jit(jax.grad)`'s step, where "cond" took 15x."""
         least = [min(fallbacks[1:], key=lambda p: p.predicted_bytes)] if len(fallbacks) > 1 else []
-        for plan in fallbacks[:1] + least:
-            if layout(plan) not in self.tried and self.measure(plan).compiled_bytes <= self.target:
-                return
+        for gate in CONDS:
+            for plan in fallbacks[:1] + least:
+                plan = dataclasses.replace(plan, gate=gate)
+                if layout(plan) not in self.tried and self.measure(plan).compiled_bytes <= self.target:
+                    return
 
     def _sweep(self) -> Optional[Plan]:
         """Where nothing else fits, before the error: DTR's flat plans
@@ -397,9 +266,10 @@ class PlanSearch:
     def _measured_before(self) -> Optional[Plan]:
         """Where the search's own path found none that fits: the plan that fits
         among every plan measured for this step, by this search (cond-gated
-        fallbacks) or by earlier ones at other budgets. Plans without conds
-        first (a convolution recomputed in a cond runs ~20x slower on the
-        CPU), then the one that recomputes least (the most bytes).
+        fallbacks) or by earlier ones at other budgets. Plans whose
+        convolutions' gradients run outside conds first (in one, XLA on the
+        CPU runs them ~20x slower), then the one that recomputes least (the
+        most bytes).
 
         The budget an `OutOfBudgetError` suggests is a measured plan's bytes;
         a call at that budget must find the plan, where the search's path
@@ -419,7 +289,7 @@ class PlanSearch:
         forward = self.planning.forward
         plans = [
             p for p in self.compiled
-            if p.gate != "cond" and (not recomputing_convolutions or gates_differ(forward, p.segments, self.implementation))
+            if p.gate not in CONDS and (not recomputing_convolutions or gates_differ(forward, p.segments, self.implementation))
         ]
         return sorted(plans, key=lambda p: p.compiled_bytes)
 

@@ -49,15 +49,8 @@ from .compiled import CompiledStep, compile_all, compiled_bytes, lower, measure_
 from .costly import costly_candidate
 from .devices import DeviceScale, device_bytes, device_scale, is_sharded, placed_scale, placements, unsharded
 from .lowering import simulation
-from .plan_search import (
-    PlanSearch,
-    SlowPlanWarning,
-    least_target_in_reach,
-    out_of_reach,
-    scan_floor,
-    search_simulated_budget,
-    uniform_plan,
-)
+from .plan_search import PlanSearch, SlowPlanWarning, least_target_in_reach, out_of_reach, scan_floor
+from .simulated_plans import search_simulated_budget, uniform_plan
 from .normalize import normalize
 from .program import Program, Value
 from .scans import (
