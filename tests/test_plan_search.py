@@ -143,3 +143,23 @@ def test_the_fallbacks_gated_by_conds_run_the_convolutions_gradients_after_them_
     search, measured = search_where({("cond", 10)})
     search._cond_gated(fallbacks)
     assert measured == [("cond_recompute", 30), ("cond_recompute", 10), ("cond", 30), ("cond", 10)]
+
+
+def test_a_conv_nets_left_nestings_take_the_finest_leaves_dtr_cuts():
+    """A plain CNN asked for 0.35 of `jax.grad`'s bytes, with no call before:
+    the search's path measures only DTR's coarse plans (several layers a
+    leaf), and their leaves nested to the left do not fit. DTR's plan at the
+    unconstrained simulated budget cuts a leaf per layer, which nested to
+    the left fit, within the budget by XLA's count, with `jax.grad`'s
+    gradients. Before, this raised, suggesting 0.48 (and the same call
+    after one at 0.5, whose path had passed those leaves, found the plan)."""
+    m = models.plain_cnn(layers=6, channels=16, image=32, batch=8)
+    loss = lambda p, x: m.loss(p, x)  # noqa: E731 - its own planning: nothing measured before
+    plan = jdtr.plan(loss, m.params, m.batch, budget=0.35, autotune=False)
+    assert plan.compiled_bytes <= plan.budget_bytes and max(seg.depth for seg in plan.segments) > 2
+    a = jax.jit(plan.grad).lower(m.params, m.batch).compile().memory_analysis()
+    assert a.argument_size_in_bytes + a.output_size_in_bytes + a.temp_size_in_bytes - a.alias_size_in_bytes <= plan.budget_bytes
+    expected = jax.grad(m.loss)(m.params, m.batch)
+    got = jax.jit(plan.grad)(m.params, m.batch)
+    for a, b in zip(jax.tree_util.tree_leaves(got), jax.tree_util.tree_leaves(expected)):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-4, atol=1e-6)

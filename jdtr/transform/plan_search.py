@@ -21,7 +21,7 @@ from ..runtime import OutOfBudgetError, format_bytes
 from .checkpoint import CONDS, gates_differ, makes_random_bits, protects
 from .checkpoint_plan import Plan, layout
 from .segments import LEFT_NESTED_MAX, nested_left, predicted_bytes, recompute_cost, uniform_leaves
-from .simulated_plans import flat_plans, search_simulated_budget, uniform_plan
+from .simulated_plans import flat_plans, plan_at, search_simulated_budget, uniform_plan
 
 # Where the plan for a smaller target is one already measured, the target
 # shrinks by this factor, at most this many times, before the search gives up.
@@ -172,7 +172,7 @@ class PlanSearch:
             # No tainted plan fits (where one did, the search returned it):
             # before the slow fallback, the smallest ones nested to the left,
             # then the sweep's.
-            nested = self._nested_left(tainted)
+            nested = self._nested_left(tainted, finest=True)
             if nested is None:
                 nested = self._sweep()
             if nested is not None:
@@ -293,13 +293,20 @@ class PlanSearch:
         ]
         return sorted(plans, key=lambda p: p.compiled_bytes)
 
-    def _nested_left(self, tainted: list[Plan], plans: int = 2) -> Optional[Plan]:
+    def _nested_left(self, tainted: list[Plan], plans: int = 2, finest: bool = False) -> Optional[Plan]:
         """Leaves nested to the left (`segments.nested_left`): those of the
         smallest `tainted` plans (at most `plans` of them; on a program
         without convolutions, of the smallest plan measured where scans are
-        kept, else none), then `LEFT_NESTED_MAX` uniform ones; of each, the
-        group size that recomputes least among those that fit. None if none
-        fits.
+        kept, else none), with `finest` those of DTR's plan at the
+        unconstrained simulated budget, then `LEFT_NESTED_MAX` uniform ones;
+        of each, the group size that recomputes least among those that fit.
+        None if none fits.
+
+        DTR's plan with the most room cuts the finest leaves, a layer each
+        on a plain CNN. The search's path need not pass it: a 6-layer CNN
+        at 0.35 of `jax.grad`'s bytes, asked for that alone, measured only
+        coarser ones and raised, suggesting 0.47, where its leaves in one
+        group compile to 0.33 (and were found after a call at 0.5).
 
         Measured, not predicted: on the CPU, XLA starts a convolution's weight
         gradient (a transposed copy of its input) as soon as that input
@@ -316,15 +323,17 @@ class PlanSearch:
         in groups of five) ran at 1.6x `jax.jit(jax.grad)`'s step, where
         uniform leaves in groups of four fit at 1.23x."""
         planning = self.planning
-        sources = tainted
+        extra = []  # sources beyond the measured plans, each taken whatever `plans` says
         if not planning.kept_scans:  # (uniform segments would cut through a kept scan's neighbours alone)
+            fine = plan_at(planning, max(int(self.sim_peak), 1), self.effective_target, self.heuristic) if finest else None
             leaves = uniform_leaves(planning.forward, planning.residuals, LEFT_NESTED_MAX)
-            sources = [*tainted, dataclasses.replace(tainted[0], segments=leaves, saved=frozenset(), origin="uniform")]
+            uniform = dataclasses.replace(tainted[0], segments=leaves, saved=frozenset(), origin="uniform")
+            extra = [p for p in (fine, uniform) if p is not None]
         seen: set = set()
         best, least = None, float("inf")
-        for plan in sources:
+        for i, plan in enumerate([*tainted, *extra]):
             leaves = tuple((leaf.start, leaf.stop) for seg in plan.segments for leaf in seg.leaves())
-            if leaves in seen or (len(seen) >= plans and plan.origin != "uniform"):
+            if leaves in seen or (i < len(tainted) and len(seen) >= plans and plan.origin != "uniform"):
                 continue
             seen.add(leaves)
             found = self._bisect_groups(plan, below=least)
