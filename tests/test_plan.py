@@ -1058,8 +1058,10 @@ def test_the_cond_gated_fallback_is_compiled_only_where_nothing_without_conds_fi
     with pytest.warns(jdtr.SlowPlanWarning):
         plan = jdtr.plan(loss, m.params, m.batch, budget=0.8, autotune=False)
     conds = [nbytes for gate, nbytes in compiled if gate == "cond"]
-    # (Gated by "cond_recompute" first: on this tiny net both are over.)
-    assert [gate for gate, _ in compiled][-4:] == ["cond_recompute"] * 2 + ["cond"] * 2 and len(compiled) > 4
+    # (Gated by "cond_recompute" first, before the left nestings: on this tiny net both are over.)
+    gates = [gate for gate, _ in compiled]
+    assert gates[-2:] == ["cond", "cond"] and gates.count("cond_recompute") == 2
+    assert gates.index("cond_recompute") < gates.index("cond") and len(compiled) > 4
     assert conds[0] > plan.budget_bytes >= conds[1] == plan.compiled_bytes and plan.gate == "cond"
     reference = jax.jit(jax.grad(m.loss))(m.params, m.batch)
     assert_trees_close(jax.jit(plan.grad)(m.params, m.batch), reference, rtol=1e-4, atol=1e-6)

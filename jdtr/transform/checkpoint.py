@@ -33,12 +33,13 @@ reading what it returns, so nothing of the backward pass can run before the
 segment's turn and CSE cannot merge what the cond computes: a 6-layer CNN
 in 3 segments took 1.37x `jax.jit(jax.grad)`'s step in 0.51 of its bytes,
 where the whole pullback in the cond took 32x in 0.54, and a 3-level U-Net
-at 0.5 of its bytes 1.33x instead of 15x. The cond's outputs are copies,
+at 0.5 of its bytes 1.4x instead of 15-20x. The cond's outputs are copies,
 the segment's inputs among them, and the segment keeps its inputs alone
 (what its policy would save is recomputed in the cond with the rest): on
 tiny nets, where XLA's fixed buffers are most of the step, it compiled up
-to 1.8x larger than "cond". The planner measures it first, then "cond"
-(`plan_search.PlanSearch._cond_gated`).
+to 1.8x larger than "cond". The planner measures its fallbacks under it
+first, before its left nestings, and under "cond" last
+(`plan_search.PlanSearch._last_resorts`).
 
 Outside a cond, XLA may also move work of the backward pass into the
 forward: the transposed copy of a segment's input that a convolution's
@@ -197,9 +198,10 @@ def named_forward(program: Program):
 # segment, those that recompute a convolution running the recomputation
 # alone in theirs (the pullback after it).
 GATES = ("auto", "inputs", "anchored", "cond", "taint", "cond_recompute")
-# The gates that run segments' recomputation in conds, in the order the
-# planner measures its fallbacks: a convolution's gradients after the cond,
-# then in it (~20x slower on the CPU; on tiny nets smaller).
+# The gates that run segments' recomputation in conds: a convolution's
+# gradients after the cond, or in it (~20x slower on the CPU; on tiny nets
+# smaller). The planner measures its fallbacks under the first before its
+# left nestings, under the second after them (`plan_search.PlanSearch`).
 CONDS = ("cond_recompute", "cond")
 _SELECTS = {"inputs": "select_all", "anchored": "select_anchored"}
 

@@ -163,21 +163,28 @@ class PlanSearch:
         return self._last_resorts(fallbacks)
 
     def _last_resorts(self, fallbacks: list[Plan]) -> Optional[Plan]:
-        """Where the search's path found no plan that fits: left nestings, a
-        sweep of DTR's flat plans and the uniform one (`_sweep`), the
-        cond-gated `fallbacks` (`_cond_gated`), plans measured before."""
+        """Where the search's path found no plan that fits: the `fallbacks`
+        gated by "cond_recompute", left nestings, a sweep of DTR's flat plans
+        and the uniform one (`_sweep`), the fallbacks gated by "cond"
+        (`_cond_gated`), plans measured before."""
         planning = self.planning
         tainted = self._without_conds(recomputing_convolutions=True)
         if tainted:
-            # No tainted plan fits (where one did, the search returned it):
-            # before the slow fallback, the smallest ones nested to the left,
-            # then the sweep's.
+            # No tainted plan fits (where one did, the search returned it).
+            # The path's plans with their recomputation in conds and the
+            # convolutions' gradients after them recompute each segment once,
+            # a left nesting a group's leaves once per leaf after them: on a
+            # 6-layer 64-channel CNN at 0.5 the first fit at 1.20x
+            # `jax.jit(jax.grad)`'s step, the nesting kept before at 1.60x.
+            fallback = self._cond_gated(fallbacks, "cond_recompute")
+            if fallback is not None:
+                return fallback
             nested = self._nested_left(tainted, finest=True)
             if nested is None:
                 nested = self._sweep()
             if nested is not None:
                 return nested
-            self._cond_gated(fallbacks)
+            self._cond_gated(fallbacks, "cond")  # (the slow way, found by `_measured_before`)
             return self._measured_before()
         # Without convolutions, a plan measured before that fits recomputes
         # less than a left nesting, which keeps the least of all (one input
@@ -200,27 +207,28 @@ class PlanSearch:
                 return nested
         return self._sweep()
 
-    def _cond_gated(self, fallbacks: list[Plan]) -> None:
+    def _cond_gated(self, fallbacks: list[Plan], gate: str) -> Optional[Plan]:
         """Measures the path's plans gated by conds, compiled only now, where
         nothing without conds fits (a compile saved on every search that
         finds one): the first, which recomputes least, and where it is over
-        the target, the least predicted, asked for least; each under the
-        gates of `CONDS` in turn, the convolutions' gradients after the
-        conds first. Kept in `planning.measured` for `_measured_before`,
-        here and at other budgets.
+        the target, the least predicted, asked for least; under `gate`, one
+        of `CONDS`. The one that fits, if any. Kept in `planning.measured`
+        for `_measured_before`, here and at other budgets.
 
         XLA holds more than the model predicts of a plan asked for more: on
         a U-Net at 0.5 of `jax.grad`'s bytes the first plan gated by conds
         compiled to 0.73, the path's second, asked for less, to 0.42; the
         error suggested 0.51, where a call at 0.3 found 0.42. A 3-level
-        U-Net at 0.5: 0.469 of the bytes under "cond_recompute", at 1.33x
+        U-Net at 0.5: 0.469 of the bytes under "cond_recompute", at 1.4x
         `jax.jit(jax.grad)`'s step, where "cond" took 15x."""
         least = [min(fallbacks[1:], key=lambda p: p.predicted_bytes)] if len(fallbacks) > 1 else []
-        for gate in CONDS:
-            for plan in fallbacks[:1] + least:
-                plan = dataclasses.replace(plan, gate=gate)
-                if layout(plan) not in self.tried and self.measure(plan).compiled_bytes <= self.target:
-                    return
+        for plan in fallbacks[:1] + least:
+            plan = dataclasses.replace(plan, gate=gate)
+            if layout(plan) not in self.tried:
+                plan = self.measure(plan)
+                if plan.compiled_bytes <= self.target:
+                    return plan
+        return None
 
     def _sweep(self) -> Optional[Plan]:
         """Where nothing else fits, before the error: DTR's flat plans
