@@ -101,65 +101,6 @@ def test_where_dtrs_runs_fail_at_low_budgets_the_sweep_measures_the_uniform_plan
         np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-4, atol=1e-6)
 
 
-def test_the_fallbacks_gated_by_conds_run_the_convolutions_gradients_after_them_first():
-    """Where nothing without conds fits, the path's fallbacks (the first,
-    then the one asked for least) are measured gated by "cond_recompute"
-    (the convolutions' gradients after the conds, at their speed), before
-    the left nestings (which recompute a group's leaves once per leaf), and
-    by "cond" (the gradients in the conds, ~20x slower on the CPU, and
-    smaller on tiny nets) after them; each stops at the first that fits."""
-    import dataclasses
-    from types import SimpleNamespace
-
-    from jdtr.transform.checkpoint_plan import layout
-
-    @dataclasses.dataclass(frozen=True)
-    class Fallback:  # what the search reads of a plan
-        predicted_bytes: int
-        compiled_bytes: int = 0
-        gate: str = "cond"
-        tied: bool = False
-        segments: tuple = ()
-
-    def fallback(predicted):
-        segment = SimpleNamespace(start=0, stop=predicted, saved=(), children=(), signatures=frozenset())
-        return Fallback(predicted, segments=(segment,))
-
-    def search_where(fits):
-        """A search whose measured bytes fit the target only for the (gate, predicted) pairs in `fits`."""
-        search = plan_search.PlanSearch.__new__(plan_search.PlanSearch)
-        search.target, search.tried, measured = 1000, set(), []
-
-        def measure(plan):
-            search.tried.add(layout(plan))
-            measured.append((plan.gate, plan.predicted_bytes))
-            return dataclasses.replace(plan, compiled_bytes=900 if (plan.gate, plan.predicted_bytes) in fits else 1100)
-
-        search.measure = measure
-        return search, measured
-
-    fallbacks = [fallback(30), fallback(20), fallback(10)]  # the first, then the least predicted
-    search, measured = search_where({("cond_recompute", 10), ("cond", 30)})
-    assert search._cond_gated(fallbacks, "cond_recompute").predicted_bytes == 10
-    assert measured == [("cond_recompute", 30), ("cond_recompute", 10)]
-    search, measured = search_where({("cond", 10)})
-    assert search._cond_gated(fallbacks, "cond_recompute") is None
-    assert search._cond_gated(fallbacks, "cond").predicted_bytes == 10
-    assert measured == [("cond_recompute", 30), ("cond_recompute", 10), ("cond", 30), ("cond", 10)]
-
-    # In the last resorts, "cond_recompute" comes before the left nestings and the sweep, "cond" after.
-    order = []
-    search, measured = search_where(set())
-    search._without_conds = lambda recomputing_convolutions=False: ["a tainted plan"]
-    search._nested_left = lambda *a, **k: order.append("nested") or None
-    search._sweep = lambda: order.append("sweep") or None
-    search._measured_before = lambda: order.append("before") or None
-    search.planning = SimpleNamespace(kept_scans=())
-    search.measure = (lambda measure: lambda plan: order.append(plan.gate) or measure(plan))(search.measure)
-    assert search._last_resorts(fallbacks) is None
-    assert order == ["cond_recompute"] * 2 + ["nested", "sweep"] + ["cond"] * 2 + ["before"]
-
-
 def test_a_conv_nets_left_nestings_take_the_finest_leaves_dtr_cuts():
     """A plain CNN asked for 0.35 of `jax.grad`'s bytes, with no call before:
     the search's path measures only DTR's coarse plans (several layers a

@@ -142,9 +142,11 @@ class PlanSearch:
             if gates_differ(planning.forward, plan.segments, self.implementation):
                 # The taint keeps convolutions fast, but XLA may hoist backward
                 # work on the saved inputs into the forward pass: the same
-                # segments with those inputs gated too ("inputs"); such
-                # plans, gated by conds, are the fallbacks, should no tainted
-                # plan fit (slow).
+                # segments with those inputs gated too ("inputs"), then with
+                # their pullback's constants ("anchored"), then with their
+                # recomputation in conds ("cond_recompute"); gated by "cond",
+                # such plans are the fallbacks, should none of these fit
+                # (slow).
                 inputs = self.measure(dataclasses.replace(plan, gate="inputs", compiled_bytes=None))
                 if inputs.compiled_bytes <= target:
                     return self._closer(inputs)
@@ -155,6 +157,16 @@ class PlanSearch:
                 anchored = self.measure(dataclasses.replace(plan, gate="anchored", compiled_bytes=None))
                 if anchored.compiled_bytes <= target:
                     return self._closer(anchored)
+                # Nothing of the backward pass can start before a cond on the
+                # cotangent, and a convolution's gradients after it run at
+                # their speed: often smaller than the taint's, a little
+                # slower. Before the path asks for less (deeper nests, which
+                # recompute more): a 6-layer 64-channel CNN at 0.5 fit at
+                # 1.20x `jax.jit(jax.grad)`'s step so, where the path's plan
+                # nested 5 deep ran at 1.58x.
+                recomputing = self.measure(dataclasses.replace(plan, gate="cond_recompute", compiled_bytes=None))
+                if recomputing.compiled_bytes <= target:
+                    return self._closer(recomputing)
                 plan = min(plan, inputs, key=lambda p: p.compiled_bytes)
                 fallbacks.append(dataclasses.replace(plan, gate="cond", compiled_bytes=None))
             # XLA needed more than the plan's memory model predicted: plan for
@@ -163,28 +175,21 @@ class PlanSearch:
         return self._last_resorts(fallbacks)
 
     def _last_resorts(self, fallbacks: list[Plan]) -> Optional[Plan]:
-        """Where the search's path found no plan that fits: the `fallbacks`
-        gated by "cond_recompute", left nestings, a sweep of DTR's flat plans
-        and the uniform one (`_sweep`), the fallbacks gated by "cond"
-        (`_cond_gated`), plans measured before."""
+        """Where the search's path found no plan that fits: left nestings, a
+        sweep of DTR's flat plans and the uniform one (`_sweep`), the
+        cond-gated `fallbacks` (`_cond_gated`), plans measured before."""
         planning = self.planning
         tainted = self._without_conds(recomputing_convolutions=True)
         if tainted:
-            # No tainted plan fits (where one did, the search returned it).
-            # The path's plans with their recomputation in conds and the
-            # convolutions' gradients after them recompute each segment once,
-            # a left nesting a group's leaves once per leaf after them: on a
-            # 6-layer 64-channel CNN at 0.5 the first fit at 1.20x
-            # `jax.jit(jax.grad)`'s step, the nesting kept before at 1.60x.
-            fallback = self._cond_gated(fallbacks, "cond_recompute")
-            if fallback is not None:
-                return fallback
+            # No tainted plan fits (where one did, the search returned it):
+            # before the slow fallback, the smallest ones nested to the left,
+            # then the sweep's.
             nested = self._nested_left(tainted, finest=True)
             if nested is None:
                 nested = self._sweep()
             if nested is not None:
                 return nested
-            self._cond_gated(fallbacks, "cond")  # (the slow way, found by `_measured_before`)
+            self._cond_gated(fallbacks)
             return self._measured_before()
         # Without convolutions, a plan measured before that fits recomputes
         # less than a left nesting, which keeps the least of all (one input
@@ -207,28 +212,23 @@ class PlanSearch:
                 return nested
         return self._sweep()
 
-    def _cond_gated(self, fallbacks: list[Plan], gate: str) -> Optional[Plan]:
-        """Measures the path's plans gated by conds, compiled only now, where
-        nothing without conds fits (a compile saved on every search that
-        finds one): the first, which recomputes least, and where it is over
-        the target, the least predicted, asked for least; under `gate`, one
-        of `CONDS`. The one that fits, if any. Kept in `planning.measured`
-        for `_measured_before`, here and at other budgets.
+    def _cond_gated(self, fallbacks: list[Plan]) -> None:
+        """Measures the path's plans gated by "cond" (their convolutions'
+        gradients in the conds, ~20x slower on the CPU, where every gate the
+        path measured was over), compiled only now, where nothing else fits
+        (a compile saved on every search that finds one): the first, which
+        recomputes least, and where it is over the target, the least
+        predicted, asked for least. Kept in `planning.measured` for
+        `_measured_before`, here and at other budgets.
 
         XLA holds more than the model predicts of a plan asked for more: on
         a U-Net at 0.5 of `jax.grad`'s bytes the first plan gated by conds
         compiled to 0.73, the path's second, asked for less, to 0.42; the
-        error suggested 0.51, where a call at 0.3 found 0.42. A 3-level
-        U-Net at 0.5: 0.469 of the bytes under "cond_recompute", at 1.4x
-        `jax.jit(jax.grad)`'s step, where "cond" took 15x."""
+        error suggested 0.51, where a call at 0.3 found 0.42."""
         least = [min(fallbacks[1:], key=lambda p: p.predicted_bytes)] if len(fallbacks) > 1 else []
         for plan in fallbacks[:1] + least:
-            plan = dataclasses.replace(plan, gate=gate)
-            if layout(plan) not in self.tried:
-                plan = self.measure(plan)
-                if plan.compiled_bytes <= self.target:
-                    return plan
-        return None
+            if layout(plan) not in self.tried and self.measure(plan).compiled_bytes <= self.target:
+                return
 
     def _sweep(self) -> Optional[Plan]:
         """Where nothing else fits, before the error: DTR's flat plans
