@@ -37,9 +37,9 @@ at 0.5 of its bytes 1.4x instead of 15-20x. The cond's outputs are copies,
 the segment's inputs among them, and the segment keeps its inputs alone
 (what its policy would save is recomputed in the cond with the rest): on
 tiny nets, where XLA's fixed buffers are most of the step, it compiled up
-to 1.8x larger than "cond". The planner measures its fallbacks under it
-first, before its left nestings, and under "cond" last
-(`plan_search.PlanSearch._last_resorts`).
+to 1.8x larger than "cond". The planner measures each plan of its
+search's path under it where the taint's gates are over, and under "cond"
+only as its last resort (`plan_search.PlanSearch`).
 
 Outside a cond, XLA may also move work of the backward pass into the
 forward: the transposed copy of a segment's input that a convolution's
@@ -200,8 +200,8 @@ def named_forward(program: Program):
 GATES = ("auto", "inputs", "anchored", "cond", "taint", "cond_recompute")
 # The gates that run segments' recomputation in conds: a convolution's
 # gradients after the cond, or in it (~20x slower on the CPU; on tiny nets
-# smaller). The planner measures its fallbacks under the first before its
-# left nestings, under the second after them (`plan_search.PlanSearch`).
+# smaller). The planner's path measures its plans under the first, its last
+# resort under the second (`plan_search.PlanSearch`).
 CONDS = ("cond_recompute", "cond")
 _SELECTS = {"inputs": "select_all", "anchored": "select_anchored"}
 
