@@ -22,6 +22,19 @@ def _lm():
     return m, (lambda p, t: m.loss(p, t))  # its own planning: no plan measured before
 
 
+def _compiled_bytes(fn, *args) -> int:
+    a = jax.jit(fn).lower(*args).compile().memory_analysis()
+    return a.argument_size_in_bytes + a.output_size_in_bytes + a.temp_size_in_bytes - a.alias_size_in_bytes
+
+
+def _assert_jax_grads(plan, m, rtol: float = 1e-4, atol: float = 1e-6) -> None:
+    """`plan.grad` under `jax.jit` gives `jax.grad`'s gradients of the model `m`."""
+    expected = jax.grad(m.loss)(m.params, m.batch)
+    got = jax.jit(plan.grad)(m.params, m.batch)
+    for a, b in zip(jax.tree_util.tree_leaves(got), jax.tree_util.tree_leaves(expected)):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=rtol, atol=atol)
+
+
 def test_a_plan_the_step_down_passes_over_is_found_by_the_sweep():
     """At 0.9 of `jax.grad`'s bytes the search's proportional steps go below
     the one plan that fits (the plans above it compile to more than
@@ -31,12 +44,8 @@ def test_a_plan_the_step_down_passes_over_is_found_by_the_sweep():
     m, loss = _lm()
     plan = jdtr.plan(loss, m.params, m.batch, budget=0.9, autotune=False)
     assert plan.compiled_bytes <= plan.budget_bytes < plan.unconstrained_compiled_bytes
-    a = jax.jit(plan.grad).lower(m.params, m.batch).compile().memory_analysis()
-    assert a.argument_size_in_bytes + a.output_size_in_bytes + a.temp_size_in_bytes - a.alias_size_in_bytes <= plan.budget_bytes
-    expected = jax.grad(m.loss)(m.params, m.batch)
-    got = jax.jit(plan.grad)(m.params, m.batch)
-    for a, b in zip(jax.tree_util.tree_leaves(got), jax.tree_util.tree_leaves(expected)):
-        np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=2e-5, atol=2e-6)
+    assert _compiled_bytes(plan.grad, m.params, m.batch) <= plan.budget_bytes
+    _assert_jax_grads(plan, m, rtol=2e-5, atol=2e-6)
 
 
 def test_where_nothing_fits_the_suggestion_is_a_plan_below_jax_grads_own_step():
@@ -76,11 +85,6 @@ def test_the_sweep_measures_at_most_its_share_of_plans(monkeypatch):
     assert counted[-1] == 0
 
 
-def _compiled_bytes(fn, *args) -> int:
-    a = jax.jit(fn).lower(*args).compile().memory_analysis()
-    return a.argument_size_in_bytes + a.output_size_in_bytes + a.temp_size_in_bytes - a.alias_size_in_bytes
-
-
 def test_where_dtrs_runs_fail_at_low_budgets_the_sweep_measures_the_uniform_plan():
     """A graph network's gathered messages (edges x features) are the largest
     values of DTR's runs, and XLA fuses them into the scatter-add: DTR's runs
@@ -96,9 +100,7 @@ def test_where_dtrs_runs_fail_at_low_budgets_the_sweep_measures_the_uniform_plan
     assert suggested < 0.65 * _compiled_bytes(jax.grad(m.loss), m.params, m.batch)
     plan = jdtr.plan(m.loss, m.params, m.batch, budget=suggested, autotune=False)
     assert plan.origin == "uniform" and plan.compiled_bytes == _compiled_bytes(plan.grad, m.params, m.batch) <= suggested
-    expected = jax.grad(m.loss)(m.params, m.batch)
-    for a, b in zip(jax.tree_util.tree_leaves(jax.jit(plan.grad)(m.params, m.batch)), jax.tree_util.tree_leaves(expected)):
-        np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-4, atol=1e-6)
+    _assert_jax_grads(plan, m)
 
 
 def test_a_conv_nets_left_nestings_take_the_finest_leaves_dtr_cuts():
@@ -113,9 +115,5 @@ def test_a_conv_nets_left_nestings_take_the_finest_leaves_dtr_cuts():
     loss = lambda p, x: m.loss(p, x)  # noqa: E731 - its own planning: nothing measured before
     plan = jdtr.plan(loss, m.params, m.batch, budget=0.35, autotune=False)
     assert plan.compiled_bytes <= plan.budget_bytes and max(seg.depth for seg in plan.segments) > 2
-    a = jax.jit(plan.grad).lower(m.params, m.batch).compile().memory_analysis()
-    assert a.argument_size_in_bytes + a.output_size_in_bytes + a.temp_size_in_bytes - a.alias_size_in_bytes <= plan.budget_bytes
-    expected = jax.grad(m.loss)(m.params, m.batch)
-    got = jax.jit(plan.grad)(m.params, m.batch)
-    for a, b in zip(jax.tree_util.tree_leaves(got), jax.tree_util.tree_leaves(expected)):
-        np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-4, atol=1e-6)
+    assert _compiled_bytes(plan.grad, m.params, m.batch) <= plan.budget_bytes
+    _assert_jax_grads(plan, m)
