@@ -867,17 +867,28 @@ def test_the_inputs_gate_keeps_xla_from_holding_a_transposed_copy_of_each_saved_
         assert plan.gate == "inputs" and plan.compiled_bytes < taint_only - 0.1 * full, plan.report()
     assert_trees_close(jax.jit(plan.grad)(ws, x), jax.grad(loss)(ws, x), rtol=1e-4, atol=1e-6)
 
-def test_convolution_plans_nest_to_the_left_before_falling_back_to_conds():
+def test_convolution_plans_nest_to_the_left_before_falling_back_to_conds(monkeypatch):
     """Where no tainted plan fits, the planner regroups the smallest one's
     segments to the left, ((s1, s2), s3), before the cond-gated fallback
     (~40x slower on the CPU): a group then keeps one segment's input at a
     time, and XLA fewer transposed copies for the convolutions' weight
-    gradients. On this CNN at 0.5 the planner kept conds before; now a
-    tainted plan fits, whose segments laid out flat do not."""
-    m = jdtr.models.plain_cnn(layers=6, channels=16, image=16, batch=8)
-    plan = jdtr.plan(m.loss, m.params, m.batch, budget=0.5, autotune=False)
+    gradients. On this CNN at 0.5 the planner kept conds before; then a
+    tainted plan fit, whose segments laid out flat do not. (The search's
+    path now fits it flat, gated by "cond_recompute":
+    `test_where_the_taints_gates_are_over_the_recomputation_in_conds_fits_flat`;
+    the nestings are asked for of its search after it.)"""
+    from jdtr.transform.plan_search import PlanSearch
+
     if jax.default_backend() != "cpu":
         pytest.skip("segments are gated only on the CPU")
+    searches = []
+    real = PlanSearch.run
+    monkeypatch.setattr(PlanSearch, "run", lambda self, attempts: searches.append(self) or real(self, attempts))
+    m = jdtr.models.plain_cnn(layers=6, channels=16, image=16, batch=8)
+    loss = lambda p, x: m.loss(p, x)  # noqa: E731 - its own planning: nothing measured before
+    jdtr.plan(loss, m.params, m.batch, budget=0.5, autotune=False)
+    [search] = searches
+    plan = search._nested_left(search._without_conds(recomputing_convolutions=True), finest=True)
     # Not conds: the taint alone, or with the saved inputs selected too (ReLU's own derivative rule,
     # kept since, compiles to an activation more under the taint alone here).
     assert plan.gate in ("auto", "inputs") and plan.compiled_bytes <= plan.budget_bytes, plan.report()
