@@ -867,6 +867,21 @@ def test_the_inputs_gate_keeps_xla_from_holding_a_transposed_copy_of_each_saved_
         assert plan.gate == "inputs" and plan.compiled_bytes < taint_only - 0.1 * full, plan.report()
     assert_trees_close(jax.jit(plan.grad)(ws, x), jax.grad(loss)(ws, x), rtol=1e-4, atol=1e-6)
 
+def planned_then_nested(monkeypatch, m, budget):
+    """`jdtr.plan` of the model `m` at `budget` (a planning of its own), its
+    search, and the left nesting that search's last resorts take
+    (`PlanSearch._nested_left`), asked for after the path fit a plan."""
+    from jdtr.transform.plan_search import PlanSearch
+
+    searches = []
+    real = PlanSearch.run
+    monkeypatch.setattr(PlanSearch, "run", lambda self, attempts: searches.append(self) or real(self, attempts))
+    loss = lambda p, x: m.loss(p, x)  # noqa: E731 - its own planning: nothing measured before
+    plan = jdtr.plan(loss, m.params, m.batch, budget=budget, autotune=False)
+    [search] = searches
+    return plan, search, search._nested_left(search._without_conds(recomputing_convolutions=True), finest=True)
+
+
 def test_convolution_plans_nest_to_the_left_before_falling_back_to_conds(monkeypatch):
     """Where no tainted plan fits, the planner regroups the smallest one's
     segments to the left, ((s1, s2), s3), before the cond-gated fallback
@@ -877,18 +892,10 @@ def test_convolution_plans_nest_to_the_left_before_falling_back_to_conds(monkeyp
     path now fits it flat, gated by "cond_recompute":
     `test_where_the_taints_gates_are_over_the_recomputation_in_conds_fits_flat`;
     the nestings are asked for of its search after it.)"""
-    from jdtr.transform.plan_search import PlanSearch
-
     if jax.default_backend() != "cpu":
         pytest.skip("segments are gated only on the CPU")
-    searches = []
-    real = PlanSearch.run
-    monkeypatch.setattr(PlanSearch, "run", lambda self, attempts: searches.append(self) or real(self, attempts))
     m = jdtr.models.plain_cnn(layers=6, channels=16, image=16, batch=8)
-    loss = lambda p, x: m.loss(p, x)  # noqa: E731 - its own planning: nothing measured before
-    jdtr.plan(loss, m.params, m.batch, budget=0.5, autotune=False)
-    [search] = searches
-    plan = search._nested_left(search._without_conds(recomputing_convolutions=True), finest=True)
+    _, _, plan = planned_then_nested(monkeypatch, m, 0.5)
     # Not conds: the taint alone, or with the saved inputs selected too (ReLU's own derivative rule,
     # kept since, compiles to an activation more under the taint alone here).
     assert plan.gate in ("auto", "inputs") and plan.compiled_bytes <= plan.budget_bytes, plan.report()
@@ -1219,24 +1226,13 @@ def test_a_left_nesting_is_the_least_recompute_of_every_source_that_fits(monkeyp
     `jax.jit(jax.grad)`'s step), uniform ones in groups of four (1.2x).
     (The search's path now fits this CNN flat, gated by "cond_recompute";
     the nestings are asked for of its search after it.)"""
-    from jdtr.transform.plan_search import PlanSearch
     from jdtr.transform.segments import LEFT_NESTED_MAX, recompute_cost, uniform_leaves
 
     if jax.default_backend() != "cpu":
         pytest.skip("segments are gated only on the CPU")
-    searches = []
-    real = PlanSearch.run
-
-    def recording(self, max_attempts):
-        searches.append(self)
-        return real(self, max_attempts)
-
-    monkeypatch.setattr(PlanSearch, "run", recording)
     m = jdtr.models.plain_cnn(layers=6, channels=32, image=32, batch=16)
-    flat = jdtr.plan(m.loss, m.params, m.batch, budget=0.5, autotune=False)
+    flat, search, plan = planned_then_nested(monkeypatch, m, 0.5)
     assert flat.gate == "cond_recompute" and flat.compiled_bytes <= flat.budget_bytes, flat.report()
-    [search] = searches
-    plan = search._nested_left(search._without_conds(recomputing_convolutions=True), finest=True)
     assert plan.compiled_bytes <= plan.budget_bytes and plan.gate != "cond", plan.report()
     assert any(seg.children for seg in plan.segments), plan.report()  # a left nesting
     forward, residuals = search.planning.forward, search.planning.residuals
