@@ -88,33 +88,44 @@ def test_a_leaf_reruns_what_its_recomputed_residuals_are_made_of():
     assert rerun_cost(program, [leaf]) == recompute_cost(program, [leaf])  # (nothing here keeps hidden values)
 
 
-def test_where_dtrs_plans_rerun_the_sorts_the_costly_plan_keeps_them():
+def test_where_dtrs_plans_rerun_the_sorts_the_costly_plan_keeps_them(monkeypatch):
     """At half of `jax.grad`'s bytes every plan read from DTR's runs reruns
     the sorts (a residual after each is recomputed from the segment's
-    inputs), which are most of the step on the CPU. Autotuning also times the
-    plan that saves the values dearest to recompute per byte, and it wins:
-    its compiled step sorts no more often than `jax.grad`'s, within the
-    budget, with `jax.grad`'s gradients; its policy and report name the
-    permutations it saves by signature."""
+    inputs), which are most of the step on the CPU. Autotuning also measures
+    the plan that saves the values dearest to recompute per byte and times it
+    with the others: its compiled step sorts no more often than `jax.grad`'s,
+    within the budget, with `jax.grad`'s gradients; its policy and report name
+    the permutations it saves by signature. (Whether it wins the timing is
+    the benchmarks' to say: on a shared machine a uniform plan has won it.)"""
+    from jdtr.transform import planning
+
+    offered = []
+    real = planning.costly_candidate
+    monkeypatch.setattr(planning, "costly_candidate", lambda *a, **k: offered.append(real(*a, **k)) or offered[-1])
     loss, params, x = _sorted_layers()
     plan = jdtr.plan(loss, params, x, budget=0.5)
-    assert "costly" in [t.origin for t in plan.timings]
-    assert plan.origin == "costly"
-    assert plan.compiled_bytes <= 0.5 * plan.unconstrained_compiled_bytes
+    [costly] = offered
+    assert costly is not None and costly.origin == "costly"
+    [timed] = [t for t in plan.timings if t.origin == "costly"]
+    assert timed.compiled_bytes == costly.compiled_bytes <= 0.5 * plan.unconstrained_compiled_bytes
+    # The autotuner keeps the fastest it timed (ties within 2% to the smaller).
+    fastest = min(t.seconds for t in plan.timings)
+    [chosen] = [t for t in plan.timings if t.chosen]
+    assert chosen.seconds <= fastest * 1.02 and plan.origin == chosen.origin
 
     def sorts(fn):
         return len(re.findall(r" sort\(", jax.jit(fn).lower(params, x).compile().as_text()))
 
-    assert sorts(plan.grad) == sorts(jax.grad(loss)) == 6
+    assert sorts(costly.grad) == sorts(jax.grad(loss)) == 6
     expected = jax.jit(jax.grad(loss))(params, x)
-    for got, want in zip(jax.jit(plan.grad)(params, x), expected):
+    for got, want in zip(jax.jit(costly.grad)(params, x), expected):
         np.testing.assert_allclose(got, want, rtol=2e-5, atol=1e-6)
-    [sort] = _equations(plan.program, "sort")[:1]
+    [sort] = _equations(costly.program, "sort")[:1]
     with warnings.catch_warnings():  # (that some signatures it saves only in part: beside the point here)
         warnings.simplefilter("ignore", PolicyWarning)
-        assert hidden_residuals(sort).signatures <= plan.policy.signatures
-    assert "saved by signature: every sort of float32[256, 128]" in plan.report()
+        assert hidden_residuals(sort).signatures <= costly.policy.signatures
+    assert "saved by signature: every sort of float32[256, 128]" in costly.report()
     # DTR's own plan at the budget reruns them: the candidate was offered for that.
     dtr = jdtr.plan(loss, params, x, budget=0.5, autotune=False)
-    assert rerun_cost(dtr.program, dtr.segments) >= 1.25 * rerun_cost(plan.program, plan.segments)
+    assert rerun_cost(dtr.program, dtr.segments) >= 1.25 * rerun_cost(costly.program, costly.segments)
     assert sorts(dtr.grad) > 6
