@@ -117,3 +117,63 @@ def test_a_conv_nets_left_nestings_take_the_finest_leaves_dtr_cuts():
     assert plan.compiled_bytes <= plan.budget_bytes and max(seg.depth for seg in plan.segments) > 2
     assert _compiled_bytes(plan.grad, m.params, m.batch) <= plan.budget_bytes
     _assert_jax_grads(plan, m)
+
+
+def _searched(monkeypatch, m, budget):
+    """`jdtr.plan` of the model `m` at `budget` (a planning of its own) and its search."""
+    searches = []
+    real = plan_search.PlanSearch.run
+    monkeypatch.setattr(plan_search.PlanSearch, "run", lambda self, attempts: searches.append(self) or real(self, attempts))
+    loss = lambda p, x: m.loss(p, x)  # noqa: E731 - its own planning: nothing measured before
+    plan = jdtr.plan(loss, m.params, m.batch, budget=budget, autotune=False)
+    [search] = searches
+    return plan, search
+
+
+def _deep(search, gate):
+    """DTR's plan nested up to 5 deep for a fifth of the search's target, measured under `gate`."""
+    import dataclasses
+
+    from jdtr.transform.simulated_plans import plan_at
+
+    planning = search.planning
+    deep = plan_at(planning, max(int(search.sim_peak), 1), 0.2 * search.effective_target, search.heuristic, 5)
+    return search.measure(dataclasses.replace(deep, gate=gate, compiled_bytes=None))
+
+
+def test_a_deep_nest_of_convolutions_gives_way_to_flat_leaves_in_pairs(monkeypatch):
+    """Where the search's path ends on a plan that nests convolutions deep
+    (DTR's binary tree: a 2-level U-Net at 0.5 of `jax.grad`'s bytes, 5
+    levels, recomputing 3.7 forward passes, 1.44x `jax.jit(jax.grad)`'s
+    step), the leaves of the flat plans the memory model predicts smallest,
+    nested to the left, take its place where one fits and recomputes less
+    (that U-Net: in pairs, recomputing 1.2, 1.30x). Here a deep nest of a
+    small CNN's layers, measured under "cond_recompute": `_shallower` gives
+    a nesting of a flat plan's leaves under the same gate, within the
+    target by XLA's count, recomputing less, with `jax.grad`'s gradients.
+    On a program without convolutions the plan stays as it is."""
+    from jdtr.transform.segments import recompute_cost
+    from jdtr.transform.simulated_plans import flat_plans
+
+    if jax.default_backend() != "cpu":
+        pytest.skip("segments are gated only on the CPU")
+    m = models.plain_cnn(layers=6, channels=16, image=16, batch=8)
+    _, search = _searched(monkeypatch, m, 0.5)
+    forward = search.planning.forward
+    deep = _deep(search, "cond_recompute")
+    assert max(seg.depth for seg in deep.segments) > 2
+    shallower = search._shallower(deep)
+    assert shallower is not deep and shallower.gate == "cond_recompute"
+    assert recompute_cost(forward, shallower.segments) < recompute_cost(forward, deep.segments)
+    assert shallower.compiled_bytes == _compiled_bytes(shallower.grad, m.params, m.batch) <= search.target
+    sources = flat_plans(search.planning, search.sim_peak, search.heuristic, plan_search.SWEEP_BUDGETS)
+    leaves = [(leaf.start, leaf.stop) for seg in shallower.segments for leaf in seg.leaves()]
+    assert any(leaves == [(s.start, s.stop) for s in source.segments] for source in sources[: plan_search.SHALLOWER_SOURCES])
+    assert all(not seg.children or seg.children[0].children or seg.children[0].stop == seg.children[1].start
+               for seg in shallower.segments)  # nested to the left: ((l1, l2), l3)
+    _assert_jax_grads(shallower, m)
+
+    mlp = models.mlp_chain(layers=16, width=64, batch=1024)
+    _, search = _searched(monkeypatch, mlp, 0.5)
+    deep = _deep(search, "taint")
+    assert max(seg.depth for seg in deep.segments) > 1 and search._shallower(deep) is deep
