@@ -23,7 +23,7 @@ _UNITS = {
     "m": 2**20,
     "g": 2**30,
 }
-_PATTERN = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?)\s*([a-zA-Z]*)\s*$")
+_PATTERN = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?)\s*([a-zA-Z]*|%)\s*$")
 
 
 @dataclass(frozen=True)
@@ -47,8 +47,9 @@ def parse_budget(budget: BudgetLike, name: str = "budget") -> Budget:
 
     Accepts an int (bytes), a string with a unit ("512MiB", "2GB", "1.5 GiB";
     KB/MB/GB are powers of 10, KiB/MiB/GiB powers of 2), a float in (0, 1] (a
-    fraction of the unconstrained peak) or None (no constraint: 1.0); a
-    NumPy or JAX scalar as its Python value.
+    fraction of the unconstrained peak), a percentage string in (0%, 100%]
+    (the same fraction: "50%" is 0.5) or None (no constraint: 1.0); a NumPy
+    or JAX scalar as its Python value.
     """
     if budget is None:
         return Budget(fraction=1.0)
@@ -71,10 +72,16 @@ def parse_budget(budget: BudgetLike, name: str = "budget") -> Budget:
         return Budget(fraction=float(budget))
     if isinstance(budget, str):
         match = _PATTERN.match(budget)
+        if match is not None and match.group(2) == "%":
+            percent = float(match.group(1))
+            if not 0.0 < percent <= 100.0:
+                raise ValueError(f"a percentage {name} is of the unconstrained peak and must lie in (0%, 100%]; got {budget!r}")
+            return Budget(fraction=percent / 100.0)
         if match is None or match.group(2).lower() not in _UNITS:
             raise ValueError(
                 f"cannot read {name} {budget!r}: expected a number and a unit among "
-                "B, KB, MB, GB, TB, KiB, MiB, GiB, TiB (e.g. '512MiB')"
+                "B, KB, MB, GB, TB, KiB, MiB, GiB, TiB (e.g. '512MiB'), or a percentage of the unconstrained "
+                "peak (e.g. '50%')"
             )
         nbytes = int(float(match.group(1)) * _UNITS[match.group(2).lower()])
         if nbytes <= 0:

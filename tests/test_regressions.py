@@ -318,6 +318,23 @@ def test_budgets_given_as_numpy_or_jax_scalars_are_their_python_values(budget, e
     assert stats.budget_bytes == expected.resolve(stats.unconstrained_peak_bytes) and stats.peak_bytes <= stats.budget_bytes
 
 
+def test_a_percentage_budget_is_the_same_fraction():
+    """"50%" is budget=0.5, for `jdtr.grad` and `jdtr.remat_grad` alike; a
+    percentage outside (0%, 100%] is refused, as a fraction outside (0, 1] is."""
+    assert jdtr.parse_budget("50%") == jdtr.parse_budget(" 50 % ") == jdtr.Budget(fraction=0.5)
+    assert jdtr.parse_budget("100%") == jdtr.Budget(fraction=1.0) and jdtr.parse_budget("12.5%") == jdtr.Budget(fraction=0.125)
+    for bad in ("0%", "150%", "-5%", "%"):
+        with pytest.raises(ValueError, match="percentage|cannot read"):
+            jdtr.parse_budget(bad)
+    model = models.mlp_chain(layers=8, width=16, batch=64)
+    _, stats = jdtr.grad(model.loss, budget="50%", return_stats=True)(model.params, model.batch)
+    _, half = jdtr.grad(model.loss, budget=0.5, return_stats=True)(model.params, model.batch)
+    assert stats.budget_bytes == half.budget_bytes == int(0.5 * stats.unconstrained_peak_bytes) >= stats.peak_bytes
+    model = models.mlp_chain(layers=16, width=64, batch=1024)  # (activations over parameters, in XLA's bytes too)
+    plan = jdtr.plan(model.loss, model.params, model.batch, budget="50%", autotune=False)
+    assert plan.budget_bytes == int(0.5 * plan.unconstrained_compiled_bytes) >= plan.compiled_bytes
+
+
 def test_an_array_budget_that_is_not_a_scalar_is_refused():
     with pytest.raises(TypeError):
         jdtr.parse_budget(np.array([0.5, 0.5]))

@@ -441,7 +441,8 @@ def value_and_grad(
       allow_int: must be False: jdtr does not differentiate integer inputs
         (NotImplementedError; leave them out of `argnums`).
       budget: bytes (int), a size string ("512MiB", "2GB") or a fraction in
-        (0, 1] of the computation's unconstrained peak. It bounds every byte
+        (0, 1] of the computation's unconstrained peak (or a percentage of
+        it, "50%"). It bounds every byte
         the run holds on the device: arguments, constants, intermediates and
         outputs. None means no constraint.
       heuristic: "auto" (the default) plans the run with a portfolio of

@@ -34,8 +34,8 @@ def plan(
     Args:
       fun: the scalar function to differentiate.
       *args, **kwargs: example arguments (arrays or `jax.ShapeDtypeStruct`s).
-      budget: bytes, a size string, or a fraction of the compiled step's
-        memory without remat (XLA's arguments + outputs + temporaries).
+      budget: bytes, a size string, or a fraction (or percentage, "50%") of
+        the compiled step's memory without remat (XLA's arguments + outputs + temporaries).
       argnums, has_aux: as in `jax.grad`.
       heuristic: the DTR heuristic simulated.
       implementation: "checkpoint" (plain `jax.checkpoint` segments),
