@@ -169,8 +169,11 @@ def test_a_deep_nest_of_convolutions_gives_way_to_flat_leaves_in_pairs(monkeypat
     sources = flat_plans(search.planning, search.sim_peak, search.heuristic, plan_search.SWEEP_BUDGETS)
     leaves = [(leaf.start, leaf.stop) for seg in shallower.segments for leaf in seg.leaves()]
     assert any(leaves == [(s.start, s.stop) for s in source.segments] for source in sources[: plan_search.SHALLOWER_SOURCES])
-    assert all(not seg.children or seg.children[0].children or seg.children[0].stop == seg.children[1].start
-               for seg in shallower.segments)  # nested to the left: ((l1, l2), l3)
+
+    def to_the_left(seg) -> bool:  # ((l1, l2), l3): every group's last child is a leaf
+        return not seg.children or (not seg.children[-1].children and all(map(to_the_left, seg.children)))
+
+    assert all(map(to_the_left, shallower.segments)) and not all(map(to_the_left, deep.segments))
     _assert_jax_grads(shallower, m)
 
     mlp = models.mlp_chain(layers=16, width=64, batch=1024)
