@@ -46,3 +46,17 @@ def biting_plan(fun: Callable, *args: Any, fraction: float, **options: Any) -> j
     except jdtr.OutOfBudgetError as err:
         assert err.suggested_budget_bytes is not None, err
         return jdtr.plan(fun, *args, budget=err.suggested_budget_bytes, **options)
+
+
+def searched_plan(monkeypatch: Any, model: Any, budget: Any) -> tuple:
+    """`jdtr.plan` of `model` (a `jdtr.models.Model`) at `budget`, without
+    autotuning, on a planning of its own (nothing measured before), and the
+    `PlanSearch` that found it (recorded through `monkeypatch`)."""
+    from jdtr.transform.plan_search import PlanSearch
+
+    searches = []
+    real = PlanSearch.run
+    monkeypatch.setattr(PlanSearch, "run", lambda self, attempts: searches.append(self) or real(self, attempts))
+    plan = jdtr.plan(lambda p, x: model.loss(p, x), model.params, model.batch, budget=budget, autotune=False)
+    [search] = searches
+    return plan, search

@@ -28,7 +28,7 @@ from jdtr import models
 from jdtr.runtime import format_bytes
 from jdtr.transform.program import Equation
 
-from budgets import biting_plan
+from budgets import biting_plan, searched_plan
 
 # How close two programs' compiled bytes count as alike (a plan's own
 # bytes are checked against its budget strictly: it is measured).
@@ -871,14 +871,7 @@ def planned_then_nested(monkeypatch, m, budget):
     """`jdtr.plan` of the model `m` at `budget` (a planning of its own), its
     search, and the left nesting that search's last resorts take
     (`PlanSearch._nested_left`), asked for after the path fit a plan."""
-    from jdtr.transform.plan_search import PlanSearch
-
-    searches = []
-    real = PlanSearch.run
-    monkeypatch.setattr(PlanSearch, "run", lambda self, attempts: searches.append(self) or real(self, attempts))
-    loss = lambda p, x: m.loss(p, x)  # noqa: E731 - its own planning: nothing measured before
-    plan = jdtr.plan(loss, m.params, m.batch, budget=budget, autotune=False)
-    [search] = searches
+    plan, search = searched_plan(monkeypatch, m, budget)
     return plan, search, search._nested_left(search._without_conds(recomputing_convolutions=True), finest=True)
 
 

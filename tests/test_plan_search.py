@@ -13,6 +13,8 @@ import jdtr
 from jdtr import models
 from jdtr.transform import plan_search
 
+from budgets import searched_plan
+
 
 pytest.importorskip("flax")
 
@@ -119,17 +121,6 @@ def test_a_conv_nets_left_nestings_take_the_finest_leaves_dtr_cuts():
     _assert_jax_grads(plan, m)
 
 
-def _searched(monkeypatch, m, budget):
-    """`jdtr.plan` of the model `m` at `budget` (a planning of its own) and its search."""
-    searches = []
-    real = plan_search.PlanSearch.run
-    monkeypatch.setattr(plan_search.PlanSearch, "run", lambda self, attempts: searches.append(self) or real(self, attempts))
-    loss = lambda p, x: m.loss(p, x)  # noqa: E731 - its own planning: nothing measured before
-    plan = jdtr.plan(loss, m.params, m.batch, budget=budget, autotune=False)
-    [search] = searches
-    return plan, search
-
-
 def _deep(search, gate):
     """DTR's plan nested up to 5 deep for a fifth of the search's target, measured under `gate`."""
     import dataclasses
@@ -158,7 +149,7 @@ def test_a_deep_nest_of_convolutions_gives_way_to_flat_leaves_in_pairs(monkeypat
     if jax.default_backend() != "cpu":
         pytest.skip("segments are gated only on the CPU")
     m = models.plain_cnn(layers=6, channels=16, image=16, batch=8)
-    _, search = _searched(monkeypatch, m, 0.5)
+    _, search = searched_plan(monkeypatch, m, 0.5)
     forward = search.planning.forward
     deep = _deep(search, "cond_recompute")
     assert max(seg.depth for seg in deep.segments) > 2
@@ -177,6 +168,6 @@ def test_a_deep_nest_of_convolutions_gives_way_to_flat_leaves_in_pairs(monkeypat
     _assert_jax_grads(shallower, m)
 
     mlp = models.mlp_chain(layers=16, width=64, batch=1024)
-    _, search = _searched(monkeypatch, mlp, 0.5)
+    _, search = searched_plan(monkeypatch, mlp, 0.5)
     deep = _deep(search, "taint")
     assert max(seg.depth for seg in deep.segments) > 1 and search._shallower(deep) is deep

@@ -133,7 +133,7 @@ class PlanSearch:
             attempts += 1
             plan = self.measure(plan)
             if plan.compiled_bytes <= target:
-                return self._closer(self._shallower(plan))
+                return self._taken(plan)
             if not plan.tied and makes_random_bits(planning.forward):
                 # XLA may have made every layer's random bits at the start of
                 # the step (of a key argument) and held them: the same plan
@@ -143,7 +143,7 @@ class PlanSearch:
                 # 12% slower.
                 tied = self.measure(dataclasses.replace(plan, tied=True, compiled_bytes=None))
                 if tied.compiled_bytes <= target:
-                    return self._closer(self._shallower(tied))
+                    return self._taken(tied)
             if gates_differ(planning.forward, plan.segments, self.implementation):
                 # The taint keeps convolutions fast, but XLA may hoist backward
                 # work on the saved inputs into the forward pass: the same
@@ -154,14 +154,14 @@ class PlanSearch:
                 # (slow).
                 inputs = self.measure(dataclasses.replace(plan, gate="inputs", compiled_bytes=None))
                 if inputs.compiled_bytes <= target:
-                    return self._closer(self._shallower(inputs))
+                    return self._taken(inputs)
                 # Nor the constants its pullback makes ("anchored"): smaller
                 # where XLA made them at the start of the step, else larger
                 # or slower, so measured only where "inputs" is over, and the
                 # search's path goes on by the other two.
                 anchored = self.measure(dataclasses.replace(plan, gate="anchored", compiled_bytes=None))
                 if anchored.compiled_bytes <= target:
-                    return self._closer(self._shallower(anchored))
+                    return self._taken(anchored)
                 # Nothing of the backward pass can start before a cond on the
                 # cotangent, and a convolution's gradients after it run at
                 # their speed: often smaller than the taint's, a little
@@ -171,7 +171,7 @@ class PlanSearch:
                 # nested 5 deep ran at 1.58x.
                 recomputing = self.measure(dataclasses.replace(plan, gate="cond_recompute", compiled_bytes=None))
                 if recomputing.compiled_bytes <= target:
-                    return self._closer(self._shallower(recomputing))
+                    return self._taken(recomputing)
                 plan = min(plan, inputs, key=lambda p: p.compiled_bytes)
                 fallbacks.append(dataclasses.replace(plan, gate="cond", compiled_bytes=None))
             # XLA needed more than the plan's memory model predicted: plan for
@@ -216,6 +216,12 @@ class PlanSearch:
             if nested is not None:
                 return nested
         return self._sweep()
+
+    def _taken(self, plan: Plan) -> Plan:
+        """What the search returns for a plan of its path that fits: with
+        less recompute where a shallower nesting fits too (`_shallower`),
+        and, sharded, with more bytes where they fit (`_closer`)."""
+        return self._closer(self._shallower(plan))
 
     def _shallower(self, plan: Plan) -> Plan:
         """Where the path's plan that fits recomputes convolutions in nests
