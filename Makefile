@@ -21,7 +21,9 @@ demo: $(STAMP)
 # both workers. On 2 cores pytest took 754 s instead of 877 s side by side,
 # and 801-835 s in CI against 867-884 s before, with the same results
 # (docs/benchmarks.md, "A process started again"). Fresh each run, so
-# nothing is read back from an earlier one.
+# nothing is read back from an earlier one. Each pytest-xdist worker keeps a
+# directory of its own under it (tests/conftest.py): JAX writes an entry in
+# place, and a worker reading what the other was still writing failed CI.
 WITH_XLA_CACHE = cache=$$(mktemp -d) && trap 'rm -rf "$$cache"' EXIT && \
 	JAX_COMPILATION_CACHE_DIR="$$cache" JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS=0 \
 	JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES=-1

@@ -11,6 +11,7 @@ from __future__ import annotations
 import gc
 import os
 
+import jax
 import pytest
 from hypothesis import HealthCheck, settings
 
@@ -35,6 +36,27 @@ settings.register_profile(
     suppress_health_check=_SLOW_IS_FINE,
 )
 settings.load_profile(os.environ.get("JDTR_HYPOTHESIS_PROFILE", "ci"))
+
+
+# JAX's persistent compilation cache (the Makefile's `WITH_XLA_CACHE`), one
+# directory per pytest-xdist worker. JAX writes an entry in place, without
+# a lock or a rename, so a worker that reads an entry while the other is
+# still writing it gets a truncated stream and warns, and the warning,
+# raised as an error by the suite's filters, failed CI once (JAX 0.6.0,
+# "Error -5 while decompressing data"). Under its own worker's directory an
+# entry is read only after it was written whole; the worker's subprocesses
+# inherit the directory and run while the worker waits on them.
+def _compilation_cache_per_worker() -> None:
+    shared, worker = os.environ.get("JAX_COMPILATION_CACHE_DIR"), os.environ.get("PYTEST_XDIST_WORKER")
+    if not shared or not worker:
+        return
+    own = os.path.join(shared, worker)
+    os.makedirs(own, exist_ok=True)
+    os.environ["JAX_COMPILATION_CACHE_DIR"] = own
+    jax.config.update("jax_compilation_cache_dir", own)
+
+
+_compilation_cache_per_worker()
 
 
 @pytest.fixture(autouse=True)
