@@ -44,6 +44,21 @@ from .transform import trace as trace
 
 __version__ = "0.2.0"
 
+
+def __getattr__(name: str):
+    """`jdtr.nnx` after a plain `import jdtr`, as `jax.numpy` after `import
+    jax`: imported on first use, so that Flax, an optional dependency, is
+    imported only by those who use it."""
+    if name == "nnx":
+        import importlib
+
+        return importlib.import_module(".nnx", __name__)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted([*globals(), "nnx"])
+
 __all__ = [
     "Budget",
     "CacheInfo",

@@ -28,7 +28,14 @@ import functools
 from typing import Any, Callable, Sequence, Union
 
 import jax
-from flax import nnx
+
+try:
+    from flax import nnx
+except ModuleNotFoundError as error:  # Flax is an optional dependency: say which install brings it
+    raise ModuleNotFoundError(
+        f"jdtr.nnx needs Flax NNX, which is not installed ({error}): pip install 'jdtr[flax]' (flax>=0.12)",
+        name=error.name,
+    ) from error
 
 from .budget import BudgetLike
 from .transform import remat_value_and_grad as _remat_value_and_grad

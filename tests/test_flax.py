@@ -92,6 +92,43 @@ def test_nnx_grad_with_aux_and_second_argument():
     leaves_close((grads_a, xgrad_a, aux_a), (grads_b, xgrad_b, aux_b))
 
 
+_PLAIN_IMPORT = """
+import sys
+import jdtr
+assert "flax" not in sys.modules, "import jdtr imported Flax"
+assert "nnx" in dir(jdtr)
+sys.modules["flax"] = None  # as if Flax were not installed
+try:
+    jdtr.nnx
+except ModuleNotFoundError as error:
+    assert error.name == "flax" and "pip install 'jdtr[flax]'" in str(error), error
+else:
+    raise AssertionError("jdtr.nnx without Flax did not raise")
+del sys.modules["flax"]
+from flax import nnx
+import optax, jax.numpy as jnp
+model = nnx.Linear(3, 2, rngs=nnx.Rngs(0))
+x = jnp.ones((4, 3))
+loss = lambda m, x: jnp.sum(m(x) ** 2)
+ours, theirs = jdtr.nnx.value_and_grad(loss)(model, x), nnx.value_and_grad(loss)(model, x)
+assert float(ours[0]) == float(theirs[0]) and jdtr.nnx is sys.modules["jdtr.nnx"]
+print("ok")
+"""
+
+
+def test_jdtr_nnx_after_a_plain_import_jdtr_as_the_readme_writes_it():
+    """`import jdtr` then `jdtr.nnx.value_and_grad(...)`, as the README's
+    Flax section, raised AttributeError: the submodule had to be imported by
+    name. It is imported on first use (Flax, optional, only then), and
+    without Flax the error says what to install. In a fresh process: here
+    the tests imported `jdtr.nnx` long before."""
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-c", _PLAIN_IMPORT], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr[-3000:]
+
+
 def test_nnx_grad_without_a_budget_is_unconstrained_as_jdtr_grad():
     """The budget is optional in `jdtr.nnx` as in `jdtr.grad` (issue 23: the
     defaults agree across the API): None runs without evicting anything."""
