@@ -176,6 +176,11 @@ class Planning:
     unconstrained: int
     simulations: dict = dataclasses.field(default_factory=dict)
     steps: dict = dataclasses.field(default_factory=dict)  # layout -> CompiledStep
+    # layout -> the lowered step of a CompiledStep compiled only to be
+    # measured: autotuning compiles it again to run, and tracing a step's
+    # gradient again took about 1 s a plan on a 6-block transformer. Kept
+    # during one `make_plan` (`forget_lowerings`).
+    lowerings: dict = dataclasses.field(default_factory=dict)
     measured: dict = dataclasses.field(default_factory=dict)  # layout -> the plan with XLA's bytes, every search's
     strategy: ScanStrategy = ScanStrategy()  # how its kept scans run (`scans.py`)
     kept_scans: tuple[KeptScan, ...] = ()
@@ -268,11 +273,22 @@ class Planning:
                 found = self.steps.get(key)
                 if (found is None or (run and found.executable is None)) and key not in new:
                     new.append(key)
-                    yield lower(step_of(plan, self.config), self.config.arguments.traced_specs)
+                    step = self.lowerings.pop(key, None)
+                    if step is None:
+                        step = lower(step_of(plan, self.config), self.config.arguments.traced_specs)
+                    if not run:
+                        self.lowerings[key] = step
+                    yield step
 
         for key, (executable, nbytes) in zip(new, compile_all(lowered(), options)):
             self.steps[key] = CompiledStep(nbytes, executable if options is None else None)
         return [(plan, self.steps[layout(plan)]) for plan in taken]
+
+    def forget_lowerings(self) -> None:
+        """Drops the lowered steps kept for autotuning, this planning's and its scan strategies'."""
+        self.lowerings.clear()
+        for other in self.strategies.values():
+            other.lowerings.clear()
 
 
 # Planning a function again for the same shapes (another budget, a sweep of
@@ -373,99 +389,105 @@ def make_plan(
         )
     arguments = on_planning_mesh(arguments)
     base = _planning_for(fun, argnums, has_aux, heuristic, implementation, arguments)
-    unconstrained = base.unconstrained
-    target = budget_spec.resolve(unconstrained)
-    if unconstrained <= target:
-        # `jax.grad` itself fits: nothing to recompute, and no plan is faster.
-        return _without_remat(base, target, heuristic, fun)
-    # Kept scans: the strategies in turn, least recompute first, until one fits.
-    searches: list[PlanSearch] = []
-    unreached: list[Planning] = []
-    for planning in base.scan_levels():
-        if out_of_reach(planning, target):
-            unreached.append(planning)  # (its plans would each compile over the target)
-            continue
-        search = PlanSearch(planning, target, heuristic, implementation)
-        searches.append(search)
-        chosen = search.run(max_attempts)
-        if chosen is not None:
-            break
-    else:
-        raise _no_plan_fits(searches, unreached, target, heuristic, implementation, max_attempts)
-    slow = search.slow_plan_message(chosen)
-    if slow is not None:
-        warnings.warn(slow, SlowPlanWarning, stacklevel=3)
-    if autotune is False:
-        return chosen
-    if jax.process_count() > 1:
-        # Every process must run the same plan (its collectives meet those of
-        # the others), and timings differ between processes: chosen by memory.
-        if autotune:
-            warnings.warn("jdtr: autotune is off across several processes; the plan is chosen by memory", stacklevel=3)
-        return chosen
-    structs = arguments.traced_specs
-    if not can_autotune(structs):
-        if autotune:  # asked for explicitly: say why it did not happen
-            warnings.warn(
-                "autotune needs example inputs and cannot make PRNG keys of this JAX's types; the plan is chosen by memory", stacklevel=3
-            )
-        return chosen
-    # Candidates: the plans DTR makes for smaller budgets, which also fit.
-    # Coarser searches suffice for them (within 1/64 of the peak); each
-    # compiles in the background while the next is searched for and lowered.
-    def chosen_candidates():
-        for scale in AUTOTUNE_SCALES:
-            plan = search_simulated_budget(planning, search.sim_peak, search.effective_target * scale, heuristic, steps=6)
-            if plan is not None and layout(plan) not in search.tried:
-                search.tried.add(layout(plan))
-                yield plan
-        if not planning.kept_scans:  # (uniform segments would cut through a kept scan's neighbours alone)
-            uniform = uniform_plan(planning, chosen)
-            if uniform.predicted_bytes <= search.effective_target and layout(uniform) not in search.tried:
-                yield uniform
+    try:
+        unconstrained = base.unconstrained
+        target = budget_spec.resolve(unconstrained)
+        if unconstrained <= target:
+            # `jax.grad` itself fits: nothing to recompute, and no plan is faster.
+            return _without_remat(base, target, heuristic, fun)
+        # Kept scans: the strategies in turn, least recompute first, until one fits.
+        searches: list[PlanSearch] = []
+        unreached: list[Planning] = []
+        for planning in base.scan_levels():
+            if out_of_reach(planning, target):
+                unreached.append(planning)  # (its plans would each compile over the target)
+                continue
+            search = PlanSearch(planning, target, heuristic, implementation)
+            searches.append(search)
+            chosen = search.run(max_attempts)
+            if chosen is not None:
+                break
+        else:
+            raise _no_plan_fits(searches, unreached, target, heuristic, implementation, max_attempts)
+        slow = search.slow_plan_message(chosen)
+        if slow is not None:
+            warnings.warn(slow, SlowPlanWarning, stacklevel=3)
+        if autotune is False:
+            return chosen
+        if jax.process_count() > 1:
+            # Every process must run the same plan (its collectives meet those of
+            # the others), and timings differ between processes: chosen by memory.
+            if autotune:
+                warnings.warn("jdtr: autotune is off across several processes; the plan is chosen by memory", stacklevel=3)
+            return chosen
+        structs = arguments.traced_specs
+        if not can_autotune(structs):
+            if autotune:  # asked for explicitly: say why it did not happen
+                warnings.warn(
+                    "autotune needs example inputs and cannot make PRNG keys of this JAX's types; the plan is chosen by memory", stacklevel=3
+                )
+            return chosen
+        # Candidates: the plans DTR makes for smaller budgets, which also fit.
+        # Coarser searches suffice for them (within 1/64 of the peak); each
+        # compiles in the background while the next is searched for and lowered.
+        def chosen_candidates():
+            for scale in AUTOTUNE_SCALES:
+                plan = search_simulated_budget(planning, search.sim_peak, search.effective_target * scale, heuristic, steps=6)
+                if plan is not None and layout(plan) not in search.tried:
+                    search.tried.add(layout(plan))
+                    yield plan
+            if not planning.kept_scans:  # (uniform segments would cut through a kept scan's neighbours alone)
+                uniform = uniform_plan(planning, chosen)
+                if uniform.predicted_bytes <= search.effective_target and layout(uniform) not in search.tried:
+                    yield uniform
 
-    # The steps are timed on the caller's own arrays where they are concrete:
-    # example inputs would sit on the device beside them, and a candidate
-    # within the budget plus a second copy of the arguments is not (on an
-    # H100 autotuning peaked 8% over the budget that way). Under a trace
-    # there are none, so a candidate is timed only if it fits with the copy.
-    inputs = concrete_leaves(arguments, args, kwargs)
-    copies = 0
-    if inputs is None:
-        inputs = example_inputs(structs)
-        copies = sum(device_bytes(x) for x in inputs)  # (per device, as the budget)
-    limit = max(target, chosen.compiled_bytes)
+        # The steps are timed on the caller's own arrays where they are concrete:
+        # example inputs would sit on the device beside them, and a candidate
+        # within the budget plus a second copy of the arguments is not (on an
+        # H100 autotuning peaked 8% over the budget that way). Under a trace
+        # there are none, so a candidate is timed only if it fits with the copy.
+        inputs = concrete_leaves(arguments, args, kwargs)
+        copies = 0
+        if inputs is None:
+            inputs = example_inputs(structs)
+            copies = sum(device_bytes(x) for x in inputs)  # (per device, as the budget)
+        limit = max(target, chosen.compiled_bytes)
 
-    def timed(plans: list[Plan]) -> list[Plan]:
-        fitting = [plan for plan in plans if plan.compiled_bytes + copies <= limit]
-        if any(plan.gate != "cond" for plan in fitting):
-            # A plan gated by conds is measured only as the fallback for a
-            # convolution's recomputation, which runs ~20x slower in a cond on
-            # the CPU: where another fits, it is not worth a run.
-            fitting = [plan for plan in fitting if plan.gate != "cond"]
-        return fitting
+        def timed(plans: list[Plan]) -> list[Plan]:
+            fitting = [plan for plan in plans if plan.compiled_bytes + copies <= limit]
+            if any(plan.gate != "cond" for plan in fitting):
+                # A plan gated by conds is measured only as the fallback for a
+                # convolution's recomputation, which runs ~20x slower in a cond on
+                # the CPU: where another fits, it is not worth a run.
+                fitting = [plan for plan in fitting if plan.gate != "cond"]
+            return fitting
 
-    # The search's plans to time were only measured: they compile again, to
-    # run, in the background with the candidates.
-    searched = timed(search.compiled)
-    compiled = planning.compile(itertools.chain(searched, chosen_candidates()), run=True)
-    for candidate, step in compiled[len(searched):]:
-        search.record(candidate, step.nbytes)
-    # Where DTR's plan reruns much of what a plan saving the values dearest to
-    # recompute would keep (sorts): measured, and timed with the others if it fits.
-    costly_candidate(search, chosen)
-    fitting = timed(search.compiled)
-    if not fitting:
-        return chosen  # none can run beside the copy within the budget: chosen by memory
-    seconds = median_step_seconds([step.executable for _, step in planning.compile(fitting, run=True)], inputs)
-    # Within 2% of the fastest is a tie (timing noise): the smallest of those wins.
-    ties = [i for i, s in enumerate(seconds) if s <= min(seconds) * (1 + TIE_TOLERANCE)]
-    fastest = min(ties, key=lambda i: fitting[i].compiled_bytes)
-    timings = tuple(
-        Timing(plan.compiled_bytes, s, len(plan.segments), chosen=i == fastest, origin=plan.origin)
-        for i, (plan, s) in enumerate(zip(fitting, seconds))
-    )
-    return dataclasses.replace(fitting[fastest], timings=timings)
+        # The search's plans to time were only measured: they compile again, to
+        # run, in the background with the candidates.
+        searched = timed(search.compiled)
+        compiled = planning.compile(itertools.chain(searched, chosen_candidates()), run=True)
+        for candidate, step in compiled[len(searched):]:
+            search.record(candidate, step.nbytes)
+        # Where DTR's plan reruns much of what a plan saving the values dearest to
+        # recompute would keep (sorts): measured, and timed with the others if it fits.
+        costly_candidate(search, chosen)
+        fitting = timed(search.compiled)
+        if not fitting:
+            return chosen  # none can run beside the copy within the budget: chosen by memory
+        seconds = median_step_seconds([step.executable for _, step in planning.compile(fitting, run=True)], inputs)
+        # Within 2% of the fastest is a tie (timing noise): the smallest of those wins.
+        ties = [i for i, s in enumerate(seconds) if s <= min(seconds) * (1 + TIE_TOLERANCE)]
+        fastest = min(ties, key=lambda i: fitting[i].compiled_bytes)
+        timings = tuple(
+            Timing(plan.compiled_bytes, s, len(plan.segments), chosen=i == fastest, origin=plan.origin)
+            for i, (plan, s) in enumerate(zip(fitting, seconds))
+        )
+        return dataclasses.replace(fitting[fastest], timings=timings)
+    finally:
+        # The lowered programs of the steps only measured were kept so that
+        # autotuning compiles them to run without tracing them again; their
+        # use ends with the plan.
+        base.forget_lowerings()
 
 
 def _without_remat(planning: Planning, target: float, heuristic, fun: Callable) -> Plan:
