@@ -59,6 +59,7 @@ def __getattr__(name: str):
 def __dir__() -> list[str]:
     return sorted([*globals(), "nnx"])
 
+
 __all__ = [
     "Budget",
     "CacheInfo",
