@@ -276,7 +276,7 @@ class Planning:
                     step = self.lowerings.pop(key, None)
                     if step is None:
                         step = lower(step_of(plan, self.config), self.config.arguments.traced_specs)
-                    if not run:
+                    if options is not None:  # (compiled without its executable: kept to compile again, to run)
                         self.lowerings[key] = step
                     yield step
 
