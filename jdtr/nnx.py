@@ -2,7 +2,8 @@
 and `remat_grad` / `remat_value_and_grad` are the compiled path's (`jdtr.remat_grad`).
 
 Modules among the arguments are split into the state differentiated
-(`wrt`, `nnx.Param` by default) and the rest; the function runs on the
+(`wrt`, `nnx.Param` by default, or an `nnx.DiffState`'s filter in
+`argnums`, as `flax.nnx.grad` takes it) and the rest; the function runs on the
 merged modules inside `jdtr.value_and_grad`, under the budget; state the
 function mutates (BatchNorm statistics, RNG counters) is written back to the
 caller's modules afterwards, as `flax.nnx` does. Gradients come back as an
@@ -42,6 +43,11 @@ from .transform import remat_value_and_grad as _remat_value_and_grad
 from .transform import value_and_grad as _value_and_grad
 from .transform.arguments import argnums_tuple
 
+# What `argnums` takes, as in `flax.nnx.grad`: positions, each an int (its
+# modules' state of the `wrt` filter is differentiated) or an `nnx.DiffState`
+# (position and filter of its own).
+Argnums = Union[int, nnx.DiffState, Sequence[Union[int, nnx.DiffState]]]
+
 
 try:  # any graph node: a Module, `nnx.Rngs`, a Variable container (flax.nnx splits them all)
     from flax.nnx.graph import is_graph_node as _is_graph_node
@@ -56,10 +62,40 @@ def _is_module(x: Any) -> bool:
     return _is_graph_node(x) if _is_graph_node is not None else isinstance(x, nnx.Module)
 
 
+def _differentiated(argnums: Argnums, wrt: Any) -> tuple[tuple[int, ...], tuple[Any, ...], bool]:
+    """`argnums` as `flax.nnx.grad` takes it: the positions, each one's
+    filter (an `nnx.DiffState`'s own, else `wrt`), and whether one was
+    given alone (its gradients then come back alone, not in a tuple)."""
+    alone = isinstance(argnums, nnx.DiffState) or not isinstance(argnums, (tuple, list))
+    entries = (argnums,) if alone else tuple(argnums)
+    states = {i: e for i, e in enumerate(entries) if isinstance(e, nnx.DiffState)}
+    # The ints checked as `jax.grad` checks them (a DiffState's argnum stands in for it).
+    plain = [e.argnum if isinstance(e, nnx.DiffState) else e for e in entries]
+    try:
+        positions = argnums_tuple(plain[0] if alone else plain)
+    except TypeError:
+        raise TypeError(f"argnums must be an int, an nnx.DiffState or a sequence of them; got {argnums!r}") from None
+    filters = tuple(states[i].filter if i in states else wrt for i in range(len(positions)))
+    return positions, filters, alone
+
+
+def _resolved(positions: Sequence[int], filters: Sequence[Any], n: int, argnums: Argnums) -> dict[int, Any]:
+    """Each differentiated position, counted from 0 among `n` positional
+    arguments, with its filter; refused as `flax.nnx.grad` refuses it."""
+    resolved: dict[int, Any] = {}
+    for i, filter_ in zip(positions, filters):
+        if not -n <= i < n:
+            raise TypeError(f"argnums={argnums} is out of range for {n} positional arguments")
+        if i % n in resolved:
+            raise ValueError(f"argnum {i % n} is repeated in argnums={argnums}")
+        resolved[i % n] = filter_
+    return resolved
+
+
 def _make(f, argnums, has_aux, wrt, return_value, options, engine=_value_and_grad):
     """The wrapper of `f` over modules; `engine` (`jdtr.value_and_grad` or
     `jdtr.remat_value_and_grad`) differentiates its pure, split form."""
-    argnum_tuple = argnums_tuple(argnums)
+    positions, filters, alone = _differentiated(argnums, wrt)
 
     def split_pure(trainable_diff, trainable_rest, frozen, structure, kwargs):
         # `structure` (argument count, differentiated positions, and per
@@ -69,6 +105,7 @@ def _make(f, argnums, has_aux, wrt, return_value, options, engine=_value_and_gra
         # by them (a new function per call traced and planned every call).
         n, diff, graphdefs = structure
         graphdefs = dict(graphdefs)
+        wrts = _resolved(positions, filters, n, argnums)
         rebuilt, nodes = [], {}
         for i in range(n):
             trainable = trainable_diff[i] if i in diff else trainable_rest[i]
@@ -85,7 +122,7 @@ def _make(f, argnums, has_aux, wrt, return_value, options, engine=_value_and_gra
         out = f(*rebuilt, **kwargs)
         value, aux = out if has_aux else (out, None)
         # What the call mutated (batch statistics, RNG counts) goes back out.
-        kept = lambda i: nnx.Not(wrt) if i in diff else ...  # noqa: E731
+        kept = lambda i: nnx.Not(wrts[i]) if i in diff else ...  # noqa: E731
         updates = {
             i: [nnx.state(leaf, kept(i)) if d is not None else None for leaf, d in zip(nodes[i], graphdefs[i][1])]
             for i in graphdefs
@@ -97,9 +134,8 @@ def _make(f, argnums, has_aux, wrt, return_value, options, engine=_value_and_gra
     @functools.wraps(f)
     def wrapper(*args, **kwargs):
         n = len(args)
-        diff = {i % n for i in argnum_tuple if -n <= i < n}
-        if len(diff) != len(argnum_tuple):
-            raise TypeError(f"argnums={argnums} is out of range for {n} positional arguments")
+        wrts = _resolved(positions, filters, n, argnums)
+        diff = set(wrts)
         nodes, graphdefs, trainable, frozen = {}, {}, [], []
         for i, a in enumerate(args):
             # Graph nodes anywhere in the argument (a module, or a list or
@@ -112,7 +148,7 @@ def _make(f, argnums, has_aux, wrt, return_value, options, engine=_value_and_gra
             defs, params, rests = [], [], []
             for leaf in leaves:
                 if _is_module(leaf):
-                    graphdef, state, rest = nnx.split(leaf, wrt if i in diff else nnx.Nothing, ...)
+                    graphdef, state, rest = nnx.split(leaf, wrts[i] if i in diff else nnx.Nothing, ...)
                     defs.append(graphdef)
                     params.append(state)
                     rests.append(rest)
@@ -139,9 +175,9 @@ def _make(f, argnums, has_aux, wrt, return_value, options, engine=_value_and_gra
                     nnx.update(leaf, update)
         grads = tuple(
             jax.tree_util.tree_unflatten(graphdefs[i][0], grads_list[i]) if i in graphdefs else grads_list[i]
-            for i in (j % n for j in argnum_tuple)
+            for i in (j % n for j in positions)
         )
-        grads = grads[0] if isinstance(argnums, int) else grads
+        grads = grads[0] if alone else grads
         if return_value:
             result = ((value, aux) if has_aux else value), grads
         else:
@@ -155,7 +191,7 @@ def value_and_grad(
     f: Callable,
     *,
     budget: BudgetLike = None,
-    argnums: Union[int, Sequence[int]] = 0,
+    argnums: Argnums = 0,
     has_aux: bool = False,
     wrt: Any = nnx.Param,
     **options,
@@ -166,8 +202,11 @@ def value_and_grad(
       f: a scalar loss over modules and arrays.
       budget: as in `jdtr.grad` (bytes, a size string, or a fraction; None,
         the default as there, means no constraint).
-      argnums, has_aux: as in `flax.nnx.value_and_grad`.
-      wrt: the filter of module state to differentiate (default `nnx.Param`).
+      argnums, has_aux: as in `flax.nnx.value_and_grad`: an int, an
+        `nnx.DiffState(argnum, filter)` (that argument's state of `filter`
+        differentiated), or a sequence of them.
+      wrt: the filter of module state to differentiate at the positions
+        given as ints (default `nnx.Param`, as `flax.nnx`'s).
       **options: other `jdtr.value_and_grad` options (heuristic, dealloc,
         cost_model, return_stats, debug, timeline).
 
@@ -182,7 +221,7 @@ def grad(
     f: Callable,
     *,
     budget: BudgetLike = None,
-    argnums: Union[int, Sequence[int]] = 0,
+    argnums: Argnums = 0,
     has_aux: bool = False,
     wrt: Any = nnx.Param,
     **options,
@@ -195,7 +234,7 @@ def remat_value_and_grad(
     f: Callable,
     *,
     budget: BudgetLike,
-    argnums: Union[int, Sequence[int]] = 0,
+    argnums: Argnums = 0,
     has_aux: bool = False,
     wrt: Any = nnx.Param,
     **options,
@@ -222,7 +261,7 @@ def remat_grad(
     f: Callable,
     *,
     budget: BudgetLike,
-    argnums: Union[int, Sequence[int]] = 0,
+    argnums: Argnums = 0,
     has_aux: bool = False,
     wrt: Any = nnx.Param,
     **options,

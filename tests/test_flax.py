@@ -534,3 +534,47 @@ def test_containers_of_modules_as_one_argument_as_nnx_grad(engine):
         statistics = nnx.state(reference, nnx.BatchStat)
         assert float(jnp.abs(statistics["bn"]["mean"][...]).sum()) > 0  # the step moved them
         leaves_close(nnx.state(mine, nnx.BatchStat), statistics)
+
+
+class LoraNet(nnx.Module):
+    def __init__(self, rngs):
+        factor = nnx.initializers.normal(0.3)  # (LoRA's B starts at zero: A's gradient would be zero too)
+        self.layers = nnx.List([nnx.LoRALinear(16, 16, lora_rank=4, b_initializer=factor, rngs=rngs) for _ in range(4)])
+        self.bn = nnx.BatchNorm(16, rngs=rngs)
+
+    def __call__(self, x):
+        for layer in self.layers:
+            x = jnp.tanh(layer(x))
+        return self.bn(x)
+
+
+@pytest.mark.parametrize("engine", ["value_and_grad", "remat_value_and_grad"])
+def test_argnums_with_diff_states_as_flax_nnx_takes_them(engine):
+    """`argnums` as `flax.nnx` takes it: an `nnx.DiffState(argnum, filter)`
+    differentiates that argument's state of its own filter (here LoRA's
+    factors alone, the base weights frozen), alone or among ints; gradients
+    and values come back as `nnx.value_and_grad` gives them, batch
+    statistics written back. Before, any DiffState was refused ("argnums
+    must be an int or a tuple of ints")."""
+    x = jax.random.normal(jax.random.PRNGKey(0), (32, 16))
+
+    def loss(model, x, scale):
+        return jnp.mean(model(x) ** 2) * scale
+
+    lora = nnx.DiffState(0, nnx.LoRAParam)
+    options = {"budget": 0.9} if engine == "value_and_grad" else {"budget": 1.0}
+    for argnums in (lora, (lora, 2), (1, lora)):
+        ours, theirs = LoraNet(nnx.Rngs(0)), LoraNet(nnx.Rngs(0))
+        (value, grads) = getattr(jdtr.nnx, engine)(loss, argnums=argnums, **options)(ours, x, 2.0)
+        (expected_value, expected) = nnx.value_and_grad(loss, argnums=argnums)(theirs, x, 2.0)
+        np.testing.assert_allclose(value, expected_value, rtol=1e-6)
+        assert jax.tree_util.tree_structure(grads) == jax.tree_util.tree_structure(expected), argnums
+        leaves_close(grads, expected)
+        module_grads = expected if argnums is lora else expected[argnums.index(lora)]
+        # The filter is what was differentiated: LoRA's factors, fewer than all the parameters.
+        assert 0 < len(jax.tree_util.tree_leaves(module_grads)) < len(jax.tree_util.tree_leaves(nnx.state(theirs, nnx.Param)))
+        leaves_close(nnx.state(ours, nnx.BatchStat), nnx.state(theirs, nnx.BatchStat))
+    with pytest.raises(ValueError, match="argnum 0 is repeated"):
+        jdtr.nnx.value_and_grad(loss, argnums=(0, lora), **options)(LoraNet(nnx.Rngs(0)), x, 2.0)
+    with pytest.raises(TypeError, match="an int, an nnx.DiffState or a sequence of them"):
+        jdtr.nnx.value_and_grad(loss, argnums=(lora, "x"), **options)
