@@ -26,7 +26,7 @@ the step:
 from __future__ import annotations
 
 import functools
-from typing import Any, Callable, Sequence, Union
+from typing import Any, Callable, Optional, Sequence, Union
 
 import jax
 
@@ -188,7 +188,7 @@ def _make(f, argnums, has_aux, wrt, return_value, options, engine=_value_and_gra
 
 
 def value_and_grad(
-    f: Callable,
+    f: Optional[Callable] = None,
     *,
     budget: BudgetLike = None,
     argnums: Argnums = 0,
@@ -199,7 +199,8 @@ def value_and_grad(
     """`flax.nnx.value_and_grad` under a device-memory budget.
 
     Args:
-      f: a scalar loss over modules and arrays.
+      f: a scalar loss over modules and arrays (omitted, a decorator that
+        takes it, as `flax.nnx.value_and_grad` is used).
       budget: as in `jdtr.grad` (bytes, a size string, or a fraction; None,
         the default as there, means no constraint).
       argnums, has_aux: as in `flax.nnx.value_and_grad`: an int, an
@@ -214,11 +215,13 @@ def value_and_grad(
       `(loss, grads)` (or `((loss, aux), grads)`), with `grads` an `nnx.State`
       for each module argument; mutated module state is written back.
     """
+    if f is None:  # as a decorator, `@jdtr.nnx.value_and_grad(budget=...)`, as flax.nnx's are used
+        return functools.partial(value_and_grad, budget=budget, argnums=argnums, has_aux=has_aux, wrt=wrt, **options)
     return _make(f, argnums, has_aux, wrt, True, dict(budget=budget, **options))
 
 
 def grad(
-    f: Callable,
+    f: Optional[Callable] = None,
     *,
     budget: BudgetLike = None,
     argnums: Argnums = 0,
@@ -227,11 +230,13 @@ def grad(
     **options,
 ) -> Callable:
     """`flax.nnx.grad` under a device-memory budget; see `value_and_grad`."""
+    if f is None:  # as a decorator, `@jdtr.nnx.grad(budget=...)`, as flax.nnx's are used
+        return functools.partial(grad, budget=budget, argnums=argnums, has_aux=has_aux, wrt=wrt, **options)
     return _make(f, argnums, has_aux, wrt, False, dict(budget=budget, **options))
 
 
 def remat_value_and_grad(
-    f: Callable,
+    f: Optional[Callable] = None,
     *,
     budget: BudgetLike,
     argnums: Argnums = 0,
@@ -254,11 +259,13 @@ def remat_value_and_grad(
       `(loss, grads)` (or `((loss, aux), grads)`), with `grads` an `nnx.State`
       for each module argument; mutated module state is written back.
     """
+    if f is None:  # as a decorator, `@jdtr.nnx.remat_value_and_grad(budget=...)`, as flax.nnx's are used
+        return functools.partial(remat_value_and_grad, budget=budget, argnums=argnums, has_aux=has_aux, wrt=wrt, **options)
     return _make(f, argnums, has_aux, wrt, True, dict(budget=budget, **options), engine=_remat_value_and_grad)
 
 
 def remat_grad(
-    f: Callable,
+    f: Optional[Callable] = None,
     *,
     budget: BudgetLike,
     argnums: Argnums = 0,
@@ -267,4 +274,6 @@ def remat_grad(
     **options,
 ) -> Callable:
     """`flax.nnx.grad` with DTR's decisions compiled in; see `remat_value_and_grad`."""
+    if f is None:  # as a decorator, `@jdtr.nnx.remat_grad(budget=...)`, as flax.nnx's are used
+        return functools.partial(remat_grad, budget=budget, argnums=argnums, has_aux=has_aux, wrt=wrt, **options)
     return _make(f, argnums, has_aux, wrt, False, dict(budget=budget, **options), engine=_remat_value_and_grad)

@@ -578,3 +578,27 @@ def test_argnums_with_diff_states_as_flax_nnx_takes_them(engine):
         jdtr.nnx.value_and_grad(loss, argnums=(0, lora), **options)(LoraNet(nnx.Rngs(0)), x, 2.0)
     with pytest.raises(TypeError, match="an int, an nnx.DiffState or a sequence of them"):
         jdtr.nnx.value_and_grad(loss, argnums=(lora, "x"), **options)
+
+
+def test_used_as_decorators_as_flax_nnx_transforms_are():
+    """`@jdtr.nnx.grad(budget=..., argnums=...)` without the function, as
+    `@nnx.grad(argnums=...)` is written: a decorator that takes it, with
+    the options given. Before, the function was a required argument."""
+    x = jax.random.normal(jax.random.PRNGKey(0), (32, 16))
+
+    def loss(model, x):
+        return jnp.mean(model(x) ** 2)
+
+    ours, theirs = LoraNet(nnx.Rngs(0)), LoraNet(nnx.Rngs(0))
+    lora = nnx.DiffState(0, nnx.LoRAParam)
+    leaves_close(jdtr.nnx.grad(budget=0.9, argnums=lora)(loss)(ours, x), nnx.grad(argnums=lora)(loss)(theirs, x))
+
+    @jdtr.nnx.remat_value_and_grad(budget=1.0, has_aux=True)
+    def step(model, x):
+        return loss(model, x), x.sum()
+
+    (value, aux), grads = step(ours, x)
+    (expected_value, expected_aux), expected = nnx.value_and_grad(lambda m, x: (loss(m, x), x.sum()), has_aux=True)(theirs, x)
+    np.testing.assert_allclose(value, expected_value, rtol=1e-6)
+    np.testing.assert_allclose(aux, expected_aux, rtol=1e-6)
+    leaves_close(grads, expected)
