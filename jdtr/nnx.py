@@ -26,6 +26,7 @@ the step:
 from __future__ import annotations
 
 import functools
+import inspect
 from typing import Any, Callable, Optional, Sequence, Union
 
 import jax
@@ -92,6 +93,20 @@ def _resolved(positions: Sequence[int], filters: Sequence[Any], n: int, argnums:
     return resolved
 
 
+def _by_position(f: Callable, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
+    """Keyword arguments that name `f`'s positional parameters, made
+    positional, as `flax.nnx.grad` resolves them: `argnums` counts them, and
+    a module given by keyword is split and its state written back. Those
+    that cannot be (keyword-only) stay keywords, not differentiated."""
+    if not kwargs or isinstance(f, functools.partial):  # (a partial's signature says nothing of its positions)
+        return args, kwargs
+    try:
+        bound = inspect.signature(f).bind(*args, **kwargs)
+    except (TypeError, ValueError):  # no signature to read, or a call `f` refuses: it says so when traced
+        return args, kwargs
+    return bound.args, bound.kwargs
+
+
 def _make(f, argnums, has_aux, wrt, return_value, options, engine=_value_and_grad):
     """The wrapper of `f` over modules; `engine` (`jdtr.value_and_grad` or
     `jdtr.remat_value_and_grad`) differentiates its pure, split form."""
@@ -133,6 +148,7 @@ def _make(f, argnums, has_aux, wrt, return_value, options, engine=_value_and_gra
 
     @functools.wraps(f)
     def wrapper(*args, **kwargs):
+        args, kwargs = _by_position(f, args, kwargs)
         n = len(args)
         wrts = _resolved(positions, filters, n, argnums)
         diff = set(wrts)

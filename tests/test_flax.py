@@ -602,3 +602,25 @@ def test_used_as_decorators_as_flax_nnx_transforms_are():
     np.testing.assert_allclose(value, expected_value, rtol=1e-6)
     np.testing.assert_allclose(aux, expected_aux, rtol=1e-6)
     leaves_close(grads, expected)
+
+
+def test_a_module_given_by_keyword_is_differentiated_as_flax_nnx_does():
+    """Arguments given by keyword take the position they name, as
+    `flax.nnx.grad` resolves them: `argnums=0` means the module also when it
+    is passed as `model=`, whose gradients come back and whose batch
+    statistics are written back. Before, `argnums=0` was "out of range for
+    0 positional arguments"."""
+    x = jax.random.normal(jax.random.PRNGKey(0), (32, 16))
+
+    def loss(model, x, scale=1.0):
+        return jnp.mean(model(x) ** 2) * scale
+
+    ours, theirs = LoraNet(nnx.Rngs(0)), LoraNet(nnx.Rngs(0))
+    got = jdtr.nnx.grad(loss, budget=0.9)(model=ours, x=x)
+    expected = nnx.grad(loss)(model=theirs, x=x)
+    assert jax.tree_util.tree_structure(got) == jax.tree_util.tree_structure(expected)
+    leaves_close(got, expected)
+    leaves_close(nnx.state(ours, nnx.BatchStat), nnx.state(theirs, nnx.BatchStat))
+    # `scale=` takes position 2, outside argnums: not differentiated, the same gradients scaled.
+    scaled = jdtr.nnx.grad(loss, budget=0.9)(ours, x, scale=2.0)
+    leaves_close(scaled, jax.tree_util.tree_map(lambda g: 2 * g, nnx.grad(loss)(theirs, x)))
