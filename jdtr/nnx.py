@@ -69,14 +69,13 @@ def _differentiated(argnums: Argnums, wrt: Any) -> tuple[tuple[int, ...], tuple[
     given alone (its gradients then come back alone, not in a tuple)."""
     alone = isinstance(argnums, nnx.DiffState) or not isinstance(argnums, (tuple, list))
     entries = (argnums,) if alone else tuple(argnums)
-    states = {i: e for i, e in enumerate(entries) if isinstance(e, nnx.DiffState)}
     # The ints checked as `jax.grad` checks them (a DiffState's argnum stands in for it).
     plain = [e.argnum if isinstance(e, nnx.DiffState) else e for e in entries]
     try:
         positions = argnums_tuple(plain[0] if alone else plain)
     except TypeError:
         raise TypeError(f"argnums must be an int, an nnx.DiffState or a sequence of them; got {argnums!r}") from None
-    filters = tuple(states[i].filter if i in states else wrt for i in range(len(positions)))
+    filters = tuple(e.filter if isinstance(e, nnx.DiffState) else wrt for e in entries)
     return positions, filters, alone
 
 
@@ -93,16 +92,27 @@ def _resolved(positions: Sequence[int], filters: Sequence[Any], n: int, argnums:
     return resolved
 
 
-def _by_position(f: Callable, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
-    """Keyword arguments that name `f`'s positional parameters, made
-    positional, as `flax.nnx.grad` resolves them: `argnums` counts them, and
-    a module given by keyword is split and its state written back. Those
-    that cannot be (keyword-only) stay keywords, not differentiated."""
-    if not kwargs or isinstance(f, functools.partial):  # (a partial's signature says nothing of its positions)
+def _signature(f: Callable) -> Optional[inspect.Signature]:
+    """`f`'s signature, read once per wrapper; None where it says nothing of
+    positions (a partial's) or cannot be read."""
+    if isinstance(f, functools.partial):
+        return None
+    try:
+        return inspect.signature(f)
+    except (TypeError, ValueError):
+        return None
+
+
+def _by_position(signature: Optional[inspect.Signature], args: tuple, kwargs: dict) -> tuple[tuple, dict]:
+    """Keyword arguments that name positional parameters, made positional,
+    as `flax.nnx.grad` resolves them: `argnums` counts them, and a module
+    given by keyword is split and its state written back. Those that cannot
+    be (keyword-only) stay keywords, not differentiated."""
+    if not kwargs or signature is None:
         return args, kwargs
     try:
-        bound = inspect.signature(f).bind(*args, **kwargs)
-    except (TypeError, ValueError):  # no signature to read, or a call `f` refuses: it says so when traced
+        bound = signature.bind(*args, **kwargs)
+    except TypeError:  # a call `f` refuses: it says so when traced
         return args, kwargs
     return bound.args, bound.kwargs
 
@@ -111,6 +121,7 @@ def _make(f, argnums, has_aux, wrt, return_value, options, engine=_value_and_gra
     """The wrapper of `f` over modules; `engine` (`jdtr.value_and_grad` or
     `jdtr.remat_value_and_grad`) differentiates its pure, split form."""
     positions, filters, alone = _differentiated(argnums, wrt)
+    signature = _signature(f)
 
     def split_pure(trainable_diff, trainable_rest, frozen, structure, kwargs):
         # `structure` (argument count, differentiated positions, and per
@@ -148,7 +159,7 @@ def _make(f, argnums, has_aux, wrt, return_value, options, engine=_value_and_gra
 
     @functools.wraps(f)
     def wrapper(*args, **kwargs):
-        args, kwargs = _by_position(f, args, kwargs)
+        args, kwargs = _by_position(signature, args, kwargs)
         n = len(args)
         wrts = _resolved(positions, filters, n, argnums)
         diff = set(wrts)
