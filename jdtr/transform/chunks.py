@@ -42,6 +42,7 @@ import jax
 
 from ..offline import Compute, Free, Read, StraightLine
 from ..quiet import ignoring
+from .devices import replicated
 from .executable import COMPILE_THREADS as _DEFAULT_THREADS
 from .program import Value
 
@@ -263,6 +264,7 @@ def cut(line: StraightLine, avals: Sequence[Any], budget_bytes: float) -> list[I
     compiles, and a wave of a transformer's plan is dozens of programs of
     0.05-0.7 s each."""
     resident = line.resident_before()
+    whole = _whole(avals)
     items: list[Union[Item, _Span]] = list(_spans(line, budget_bytes, resident))
     while True:
         spans = [item for item in items if type(item) is _Span]
@@ -272,7 +274,7 @@ def cut(line: StraightLine, avals: Sequence[Any], budget_bytes: float) -> list[I
         for span in spans:
             # Frees done before the span that the plan's count at its start still holds.
             gone = sum(line.sizes[line.steps[h].slot] for h in span.hoisted if h >= span.start)
-            layouts[span] = _layout(line, avals, span, resident[span.start] - gone)
+            layouts[span] = _layout(line, avals, span, resident[span.start] - gone, whole)
         compiled = _compile_all([layout for layout in layouts.values() if layout.key is not None], avals)
         following: list[Union[Item, _Span]] = []
         for item in items:
@@ -307,6 +309,7 @@ class _Layout:
     out_refs: tuple[int, ...] = ()
     out_shardings: tuple[Any, ...] = ()
     sharded: bool = False  # an input or output on a mesh: its outputs' shardings are fixed
+    in_shardings: tuple[Any, ...] = ()
 
     def chunk(self, compiled: dict[Hashable, tuple[Callable, tuple[int, int, int]]]) -> Chunk:
         if self.key is None:
@@ -317,7 +320,7 @@ class _Layout:
         return Chunk(self.steps, self.inputs, self.outputs, self.frees, self.resident_bytes, call, peak)
 
 
-def _layout(line: StraightLine, avals: Sequence[Any], span: _Span, resident_bytes: int) -> _Layout:
+def _layout(line: StraightLine, avals: Sequence[Any], span: _Span, resident_bytes: int, whole: Any = None) -> _Layout:
     """The span's chunk, but for its program: its computations, the slots
     it reads and keeps, the inputs it frees (donated to it) and its key."""
     steps, frees, produced, dead = [], [], set(), set()
@@ -351,18 +354,45 @@ def _layout(line: StraightLine, avals: Sequence[Any], span: _Span, resident_byte
         for slot in step.outputs:
             position[slot] = len(position)
     out_refs = tuple(position[s] for s in outputs)
-    in_types = tuple((tuple(avals[s].shape), str(avals[s].dtype), bool(avals[s].weak_type), _sharding(avals[s])) for s in inputs_t)
     # On a mesh, a chunk's outputs keep the shardings its equations give them
     # (the plan counted their bytes per device by those): XLA would otherwise
     # choose for the chunk as a whole, and could replicate what was sharded.
-    out_shardings = tuple(_sharding(avals[s]) for s in outputs)
+    in_shardings, out_shardings = _placed([avals[s] for s in inputs_t], [avals[s] for s in outputs], whole)
+    in_types = tuple(
+        (tuple(avals[s].shape), str(avals[s].dtype), bool(avals[s].weak_type), sharding) for s, sharding in zip(inputs_t, in_shardings)
+    )
     key = (tuple(id(step.payload.executable) for step in steps), tuple(wiring), out_refs, donated, in_types, out_shardings)
     output_bytes = sum(line.sizes[s] for s in outputs)
     return _Layout(
         tuple(steps), inputs_t, outputs, tuple(frees), resident_bytes, key,
         donated=donated, output_bytes=output_bytes, wiring=tuple(wiring), out_refs=out_refs, out_shardings=out_shardings,
-        sharded=any(x is not None for x in out_shardings) or any(t[3] is not None for t in in_types),
+        sharded=any(x is not None for x in (*in_shardings, *out_shardings)), in_shardings=in_shardings,
     )
+
+
+def _whole(avals: Sequence[Any]) -> Any:
+    """Whole on every device of the mesh the program's values are placed
+    over (None: the program runs on one device)."""
+    placed = next((a.sharding for a in avals if isinstance(a, Value) and a.sharding is not None), None)
+    return None if placed is None else replicated(placed)
+
+
+def _placed(inputs: Sequence[Any], outputs: Sequence[Any], whole: Any) -> tuple[tuple[Any, ...], tuple[Any, ...]]:
+    """A chunk's input and output shardings: its values' (`Value.sharding`).
+    On a mesh (`whole` not None), a value counted whole on one device (made
+    from unsharded values alone) is `whole`: left to XLA, a chunk could
+    shard it as an output, or expect it sharded as an input, while another
+    chunk made it whole (on a GPT's step the loss's broadcast cotangent:
+    replicated by one chunk, expected split over the batch by the next,
+    which JAX refuses). Uncommitted arrays (what a single equation makes of
+    such values) are placed there as they enter. External arrays (not
+    `Value`s) keep XLA's choice."""
+    ins, outs = tuple(_sharding(a) for a in inputs), tuple(_sharding(a) for a in outputs)
+    if whole is None:
+        return ins, outs
+    ins = tuple(whole if s is None and isinstance(a, Value) else s for s, a in zip(ins, inputs))
+    outs = tuple(whole if s is None and isinstance(a, Value) else s for s, a in zip(outs, outputs))
+    return ins, outs
 
 
 # key -> (the compiled program, (output, alias, temporary) bytes, the executables, code bytes)
@@ -419,8 +449,8 @@ def _lower(layout: _Layout, avals: Sequence[Any]) -> Any:
         return tuple(env[r] for r in out_refs)
 
     structs = [
-        jax.ShapeDtypeStruct(avals[s].shape, avals[s].dtype, weak_type=avals[s].weak_type, sharding=_sharding(avals[s]))
-        for s in layout.inputs
+        jax.ShapeDtypeStruct(avals[s].shape, avals[s].dtype, weak_type=avals[s].weak_type, sharding=sharding)
+        for s, sharding in zip(layout.inputs, layout.in_shardings)
     ]
     options = dict(out_shardings=layout.out_shardings) if layout.sharded else {}
     # Donated inputs XLA cannot reuse for an output are only deleted after

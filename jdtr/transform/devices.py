@@ -52,6 +52,14 @@ def spread(sharding: Any) -> Optional[Any]:
     return sharding if _devices(sharding) > 1 else None
 
 
+def replicated(sharding: Any) -> Any:
+    """The whole array on every device `sharding` places over."""
+    mesh = getattr(sharding, "mesh", None)
+    if mesh is None or _jax_core.on_abstract_mesh(sharding):
+        mesh = jax.sharding.Mesh(np.array(sorted(sharding.device_set, key=lambda d: d.id)), ("devices",))
+    return jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
+
+
 def placements(specs: Sequence) -> Optional[list]:
     """The shardings a program of `specs` is normalised with, to place its
     values per device (`normalize`): where they are sharded over a concrete

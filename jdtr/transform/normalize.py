@@ -66,6 +66,7 @@ class _Normalizer:
         hints: Optional[dict[int, Any]] = None,
         inline_manual: bool = False,
         keep_custom: bool = False,
+        fixed: Optional[dict[int, Any]] = None,
     ):
         self.next_id = 0
         self.keep_custom = keep_custom  # calls with custom derivatives stay one equation
@@ -80,6 +81,9 @@ class _Normalizer:
         # `found` the sharding each first met (by value id); `hints` what a
         # first pass found, which this one makes them with.
         self.hints = hints or {}
+        # The program's outputs XLA's per-equation choice places otherwise
+        # than `jax.jit` of the whole step does (by value id): made as it does.
+        self.fixed = fixed or {}
         self.floating: set[Value] = set()
         self.found: dict[int, Any] = {}
         self.consts: dict[int, tuple[Value, Any]] = {}
@@ -166,9 +170,11 @@ class _Normalizer:
                 met = next((b.sharding for b in args if b.sharding is not None and b.shape == a.shape), None)
                 if met is not None:
                     self.found[a.id] = met
-        hinted = tuple(self.hints.get(self.next_id + k) for k in range(n))
-        if any(h is not None for h in hinted) and not any(a.sharding is not None for a in args):
-            return placed_executable(exe, hinted)
+        floating = not any(a.sharding is not None for a in args)
+        ids = range(self.next_id, self.next_id + n)
+        wanted = tuple(self.fixed.get(i, self.hints.get(i) if floating else None) for i in ids)
+        if any(w is not None for w in wanted):
+            return placed_executable(exe, wanted)
         return exe
 
     def out_shardings(self, exe: Executable, args: Sequence[Value], n: int) -> Sequence[Any]:
@@ -487,6 +493,7 @@ def normalize(
     shardings: Optional[Sequence[Any]] = None,
     inline_manual: bool = False,
     keep_custom: bool = False,
+    out_shardings: Optional[Sequence[Any]] = None,
 ) -> Program:
     """The `Program` of a closed jaxpr: inputs are its invars, in order.
 
@@ -496,21 +503,46 @@ def normalize(
     runs over their mesh: every value has the sharding XLA gives it and its
     bytes on one device (`Value.nbytes`), so budgets and peaks are per device;
     `inline_manual` inlines there the bodies of `shard_map`s (`manual.py`).
-    With `keep_custom`, a call with a custom derivative stays one equation."""
+    With `keep_custom`, a call with a custom derivative stays one equation.
+    `out_shardings` (per output, of a sharded program) are where `jax.jit`
+    of the whole step places its outputs: an output made otherwise is made
+    there (the gradients come back as `jax.jit(jax.grad)` gives them)."""
     placed = [spread(s) for s in shardings] if shardings is not None else []
     sharded = any(s is not None for s in placed)
     options = (keep_scans, placed, sharded)
     program, n = _normalized(closed_jaxpr, cost_model, *options, None, inline_manual, keep_custom)
-    if n.found:  # made again, its floating values sharded as they are met (ids are the same)
-        program, _ = _normalized(closed_jaxpr, cost_model, *options, n.found, inline_manual, keep_custom)
+    fixed = _misplaced_outputs(program, out_shardings) if sharded and out_shardings is not None else {}
+    if n.found or fixed:  # made again, its floating values and misplaced outputs placed (ids are the same)
+        program, _ = _normalized(closed_jaxpr, cost_model, *options, n.found, inline_manual, keep_custom, fixed)
     return program
+
+
+def _misplaced_outputs(program: Program, out_shardings: Sequence[Any]) -> dict[int, Any]:
+    """The program's outputs (by value id) that its equations place
+    otherwise than `out_shardings`, each with its sharding there. XLA
+    shards each equation for its own inputs, and `jax.jit` of the whole
+    step may choose otherwise for a gradient (a GPT's LayerNorm bias:
+    replicated alone, split over the model axis in the step). Arguments and
+    constants stay as they are: only what an equation makes is placed."""
+    made = {v for item in program.body for v in item.outputs}
+    fixed: dict[int, Any] = {}
+    for value, target in zip(program.outputs, out_shardings):
+        if not isinstance(value, Value) or value not in made or value.id in fixed or target is None:
+            continue
+        want, have = spread(target), value.sharding
+        if want is None and have is None:
+            continue
+        if want is not None and have is not None and have.is_equivalent_to(want, len(value.shape)):
+            continue
+        fixed[value.id] = target
+    return fixed
 
 
 def _normalized(
     closed_jaxpr: Any, cost_model: CostModel, keep_scans: bool, placed: list, sharded: bool, hints, inline_manual: bool,
-    keep_custom: bool,
+    keep_custom: bool, fixed: Optional[dict[int, Any]] = None,
 ) -> Any:
-    n = _Normalizer(cost_model, keep_scans, sharded, hints, inline_manual, keep_custom)
+    n = _Normalizer(cost_model, keep_scans, sharded, hints, inline_manual, keep_custom, fixed)
     if isinstance(closed_jaxpr, _jax_core.ClosedJaxpr):
         closed_jaxpr = _jax_core.without_dead_code(closed_jaxpr)
     jaxpr, consts = _jax_core.open_jaxpr(closed_jaxpr)

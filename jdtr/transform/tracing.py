@@ -19,12 +19,14 @@ from typing import Any, Callable, Optional, Sequence
 
 import jax
 
-from . import manual
+from . import _jax_core, manual
 from .arguments import Arguments
 from .aux import array_leaves, arrays_of_aux
 from .caches import Traced
 from .collection import collection_paused
+from .compiled import lower, measure_options
 from .costs import MEASURED, CostModel
+from .devices import placements
 from .executable import assign_workspaces
 from .normalize import normalize
 from .program import Program
@@ -56,16 +58,17 @@ def trace_value_and_grad(
     closed, out_tree, aux = _value_and_grad_jaxpr(fun, argnums, has_aux, holomorphic, arguments)
     keep = keep_scans and cost_model != MEASURED
     shardings = [spec.sharding for spec in arguments.traced_specs]
-    program = _normalized(closed, cost_model, keep, shardings)
+    outs = _step_out_shardings(closed, arguments)
+    program = _normalized(closed, cost_model, keep, shardings, outs)
     variants = None
     if keep and kept_scans(program):
-        trace, run_as = _strategy_tracer(_weak(fun), argnums, has_aux, holomorphic, cost_model, arguments, aux)
-        variants = ScanVariants(program, trace, unroll=lambda: _normalized(closed, cost_model, False, shardings), run_as=run_as)
+        trace, run_as = _strategy_tracer(_weak(fun), argnums, has_aux, holomorphic, cost_model, arguments, aux, outs)
+        variants = ScanVariants(program, trace, unroll=lambda: _normalized(closed, cost_model, False, shardings, outs), run_as=run_as)
     traced = Traced(program, out_tree, program.unconstrained_peak(), time.perf_counter() - start, variants=variants)
     if any(s is not None for s in shardings) and manual.has_inlinable(closed.jaxpr):
         # The step as written first (a whole `shard_map` runs fastest); its
         # bodies inlined where a budget needs DTR to decide inside them.
-        traced.make_inlined = lambda: _normalized(closed, cost_model, keep, shardings, inline_manual=True)
+        traced.make_inlined = lambda: _normalized(closed, cost_model, keep, shardings, outs, inline_manual=True)
     traced.aux = aux
     return traced
 
@@ -85,16 +88,42 @@ def _value_and_grad_jaxpr(fun: Callable, argnums, has_aux: bool, holomorphic: bo
     return closed, jax.tree_util.tree_structure(out_shape), box[-1] if box else None
 
 
-def _normalized(closed: Any, cost_model: CostModel, keep_scans: bool, shardings: Sequence[Any], inline_manual: bool = False) -> Program:
+def _normalized(
+    closed: Any, cost_model: CostModel, keep_scans: bool, shardings: Sequence[Any], out_shardings: Optional[Sequence[Any]],
+    inline_manual: bool = False,
+) -> Program:
     """The program of a traced jaxpr, its values placed where the arguments'
-    `shardings` lead (a mesh: bytes per device) and with XLA's temporaries;
-    with `inline_manual`, its `shard_map`s' bodies inlined (`manual.py`)."""
-    program = normalize(closed, cost_model, keep_scans=keep_scans, shardings=shardings, inline_manual=inline_manual)
+    `shardings` lead (a mesh: bytes per device), its outputs where
+    `out_shardings` say, and with XLA's temporaries; with `inline_manual`,
+    its `shard_map`s' bodies inlined (`manual.py`)."""
+    program = normalize(
+        closed, cost_model, keep_scans=keep_scans, shardings=shardings, inline_manual=inline_manual, out_shardings=out_shardings
+    )
     assign_workspaces(program)
     return program
 
 
-def _strategy_tracer(fun_ref, argnums, has_aux: bool, holomorphic: bool, cost_model: CostModel, arguments: Arguments, aux):
+def _step_out_shardings(closed: Any, arguments: Arguments) -> Optional[list]:
+    """Where `jax.jit` of the traced step places its outputs, for arguments
+    sharded over a mesh (None otherwise, or where it cannot be compiled).
+    The partitioner shards each equation for its own inputs, and the whole
+    step may shard a gradient otherwise (on Auto axes, a GPT's attention
+    kernel and LayerNorm biases); the step is compiled once per structure
+    to read its choice (measured: its bytes are not needed, so on the CPU
+    without LLVM's optimizations), and the gradients are made there."""
+    specs = arguments.traced_specs
+    if placements(specs) is None:
+        return None
+    try:
+        compiled = lower(_jax_core.jaxpr_function(closed), specs).compile(measure_options())
+        return list(compiled.output_shardings)
+    except Exception:  # noqa: BLE001 - the step's own placements stand, as before
+        return None
+
+
+def _strategy_tracer(
+    fun_ref, argnums, has_aux: bool, holomorphic: bool, cost_model: CostModel, arguments: Arguments, aux, out_shardings
+):
     """What traces the value-and-grad with its scans under a strategy, and
     what says which strategy that runs (`run_as`): the function is traced
     once on shapes (its forward jaxpr, shared by the strategies), and
@@ -125,7 +154,7 @@ def _strategy_tracer(fun_ref, argnums, has_aux: bool, holomorphic: bool, cost_mo
             return (outs[0], aux.rebuild(outs[1:])) if has_aux else outs[0]
 
         closed, _, _ = _value_and_grad_jaxpr(under_strategy, argnums, has_aux, holomorphic, arguments)
-        return _normalized(closed, cost_model, True, [spec.sharding for spec in arguments.traced_specs])
+        return _normalized(closed, cost_model, True, [spec.sharding for spec in arguments.traced_specs], out_shardings)
 
     return trace, functools.lru_cache(maxsize=None)(strategy_run)
 
