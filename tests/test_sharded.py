@@ -331,6 +331,31 @@ GRAD_SCRIPT = COLLECTIVE_LOSS + textwrap.dedent(
         assert stats.execution == "chunks" and (stats.rematerializations > 0) == (budget < 1.0), stats
     print("gpt shardings ok")
 
+    # A loss closing over sharded arrays (a frozen embedding table, a frozen layer): constants
+    # of the step, which chunks must take as they are placed (a second call failed before).
+    table = jax.device_put(jax.random.normal(jax.random.PRNGKey(2), (128, 64)), NamedSharding(grid, P(None, "model")))
+    frozen = jax.device_put(jax.random.normal(jax.random.PRNGKey(3), (64, 64)) / 8, NamedSharding(grid, P("model", None)))
+
+    def tuned_loss(ws, tokens):
+        h = jnp.tanh(table[tokens] @ frozen)
+        for w in ws:
+            h = jnp.tanh(h @ w) + h
+        return jnp.mean(h ** 2)
+
+    ws = [jax.device_put(w, NamedSharding(grid, s)) for w, s in zip(m.params[:8], [P(None, "model"), P("model", None)] * 4)]
+    tokens = jax.device_put(jax.random.randint(jax.random.PRNGKey(4), (256,), 0, 128), NamedSharding(grid, P("data")))
+    reference = jax.jit(jax.grad(tuned_loss))(ws, tokens)
+    for budget in (1.0, 0.5):
+        step = jdtr.grad(tuned_loss, budget=budget, return_stats=True, debug=True)
+        for call in range(3):
+            grads, stats = step(ws, tokens)
+            assert stats.live_peak_bytes <= stats.budget_bytes, stats
+            for g, r in zip(grads, reference):
+                assert g.sharding.is_equivalent_to(r.sharding, g.ndim), (g.sharding, r.sharding)
+                np.testing.assert_allclose(np.asarray(g), np.asarray(r), rtol=1e-4, atol=1e-6)
+        assert stats.execution == "chunks" and (stats.rematerializations > 0) == (budget < 1.0), stats
+    print("closed over ok")
+
     # Collectives in the step: shard_map with a psum in every layer.
     collective_loss = collective_loss_on(mesh)
 
@@ -403,7 +428,7 @@ def test_grad_on_sharded_arguments_keeps_a_budget_per_device():
     env = dict(os.environ, XLA_FLAGS=flags, JAX_PLATFORMS="cpu")
     result = subprocess.run([sys.executable, "-c", GRAD_SCRIPT], env=env, capture_output=True, text=True, timeout=900)
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-4000:]
-    for expected in ("grad (2, 4) Auto 0.3", "online (2, 4)", "grad (8,) Explicit 0.5", "online (8,) Explicit", "nnx ok", "gpt shardings ok", "collectives ok", "errors ok", "views ok", "one shard_map Auto 0.5", "one shard_map Explicit 0.5"):
+    for expected in ("grad (2, 4) Auto 0.3", "online (2, 4)", "grad (8,) Explicit 0.5", "online (8,) Explicit", "nnx ok", "gpt shardings ok", "closed over ok", "collectives ok", "errors ok", "views ok", "one shard_map Auto 0.5", "one shard_map Explicit 0.5"):
         assert expected in result.stdout, result.stdout
 
 

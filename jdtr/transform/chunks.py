@@ -386,7 +386,8 @@ def _placed(inputs: Sequence[Any], outputs: Sequence[Any], whole: Any) -> tuple[
     replicated by one chunk, expected split over the batch by the next,
     which JAX refuses). Uncommitted arrays (what a single equation makes of
     such values) are placed there as they enter. External arrays (not
-    `Value`s) keep XLA's choice."""
+    `Value`s) are expected where they are; on one device, uncommitted, as
+    XLA chooses."""
     ins, outs = tuple(_sharding(a) for a in inputs), tuple(_sharding(a) for a in outputs)
     if whole is None:
         return ins, outs
@@ -482,10 +483,10 @@ def _keep(layout: _Layout, compiled: Any) -> tuple[Callable, tuple[int, int, int
 
 
 def _sharding(aval: Any) -> Any:
-    """A slot's sharding over a mesh (`Value.sharding`), None on one device
-    (and for an external array's abstract value, whose type's sharding is
-    not a placement)."""
-    return aval.sharding if isinstance(aval, Value) else None
+    """A slot's sharding over a mesh (`Value.sharding`; an external array's,
+    `jax.ShapeDtypeStruct`, as it is committed: a sharded constant the loss
+    closes over), None on one device."""
+    return aval.sharding if isinstance(aval, (Value, jax.ShapeDtypeStruct)) else None
 
 
 def compiled_chunks() -> int:

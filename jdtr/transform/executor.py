@@ -25,16 +25,20 @@ import numpy as np
 from ..offline import Compute, Free, Read, StraightLine
 from . import _jax_core, rental
 from .chunks import Chunk, Delete, Item, cut
+from .devices import spread
 from .program import Program
 
 
 def slot_avals(line: StraightLine, program: Program) -> list[Any]:
-    """The abstract value (shape, dtype, weak type) of each slot of a plan of `program`."""
+    """The abstract value (shape, dtype, weak type; its sharding over a
+    mesh) of each slot of a plan of `program`."""
     avals: list[Any] = [None] * line.num_slots
     for slot, value in zip(line.arguments, program.inputs):
         avals[slot] = value
     for slot, array in line.externals.items():
-        avals[slot] = _jax_core.aval_of(array)
+        # (a constant's array: placed where it is, which a chunk must expect)
+        aval = _jax_core.aval_of(array)
+        avals[slot] = jax.ShapeDtypeStruct(aval.shape, aval.dtype, weak_type=aval.weak_type, sharding=spread(getattr(array, "sharding", None)))
     for step in line.steps:
         if type(step) is Compute:
             for slot, value in zip(step.outputs, step.payload.outputs):
