@@ -12,6 +12,7 @@ repeats; they mean little on a 2-core machine running 8 devices).
     python benchmarks/sharded_benchmark.py --output docs/benchmarks.md
     python benchmarks/sharded_benchmark.py --grad --output docs/benchmarks.md
     python benchmarks/sharded_benchmark.py --grad --manual   # a loss that is one shard_map
+    python benchmarks/sharded_benchmark.py --grad --gpt      # a Flax GPT, Megatron-style kernels
     python benchmarks/sharded_benchmark.py --first-call plan   # one fresh structure, in this process
     python benchmarks/sharded_benchmark.py --jit --output docs/benchmarks.md
 
@@ -162,20 +163,72 @@ def _grad_row(model_name: str, mesh_name: str, loss, params, x, ratio: float, re
         first, (_, stats) = timed(step, params, x)
         checked = jdtr.grad(loss, budget=ratio, return_stats=True, debug=True)(params, x)[1]
     except jdtr.OutOfBudgetError as err:
-        return f"| {model_name} | {mesh_name} | {ratio} | {full / 2**20:.2f} | no plan fits: {err.suggested_budget_bytes} B | | | | | | | |"
+        return f"| {model_name} | {mesh_name} | {ratio} | {full / 2**20:.2f} | no plan fits: {err.suggested_budget_bytes} B | | | | | | | | |"
     times: dict[str, list[float]] = {"jdtr": [], "jit": []}
     for _ in range(repeats):  # interleaved, after the first (planning) call and a chunked one
         times["jdtr"].append(timed(step, params, x)[0])
         times["jit"].append(timed(compiled, params, x)[0])
     grads, stats = step(params, x)
-    leaves = zip(jax.tree.leaves(grads), jax.tree.leaves(reference))
+    leaves = list(zip(jax.tree.leaves(grads), jax.tree.leaves(reference)))
     error = max(float(jnp.max(jnp.abs(a - b))) for a, b in leaves)
+    placed_alike = sum(a.sharding.is_equivalent_to(b.sharding, a.ndim) for a, b in leaves)
     ratio_time = statistics.median(times["jdtr"]) / statistics.median(times["jit"])
     return (
         f"| {model_name} | {mesh_name} | {ratio} | {full / 2**20:.2f} | {stats.unconstrained_peak_bytes / 2**20:.2f} | "
         f"{stats.budget_bytes / 2**20:.2f} | {stats.peak_bytes / 2**20:.2f} | {checked.live_peak_bytes / 2**20:.2f} | "
-        f"{stats.chunks} ({stats.equations} equations) | {first:.1f} s | {ratio_time:.2f} | {error:.1e} |"
+        f"{stats.chunks} ({stats.equations} equations) | {first:.1f} s | {ratio_time:.2f} | {error:.1e} | "
+        f"{placed_alike} of {len(leaves)} |"
     )
+
+
+def gpt_rows(ratios, repeats: int, blocks: int = 4, dim: int = 128, seq: int = 64, batch: int = 32, vocab: int = 256) -> list[str]:
+    """`jdtr.grad` on a Flax NNX GPT over the 2x4 mesh with Auto axes:
+    attention and MLP kernels split over "model" Megatron's way (column then
+    row), the embedding over its features, the batch over "data". Here the
+    whole step shards some gradients otherwise than their equations alone."""
+    from flax import nnx
+
+    class Block(nnx.Module):
+        def __init__(self, rngs):
+            self.ln1, self.ln2 = nnx.LayerNorm(dim, rngs=rngs), nnx.LayerNorm(dim, rngs=rngs)
+            self.qkv, self.o = nnx.Linear(dim, 3 * dim, rngs=rngs), nnx.Linear(dim, dim, rngs=rngs)
+            self.up, self.down = nnx.Linear(dim, 4 * dim, rngs=rngs), nnx.Linear(4 * dim, dim, rngs=rngs)
+
+        def __call__(self, x):
+            b, t, _ = x.shape
+            q, k, v = (z.reshape(b, t, 4, dim // 4) for z in jnp.split(self.qkv(self.ln1(x)), 3, -1))
+            x = x + self.o(jax.nn.dot_product_attention(q, k, v, is_causal=True).reshape(b, t, dim))
+            return x + self.down(nnx.gelu(self.up(self.ln2(x))))
+
+    class GPT(nnx.Module):
+        def __init__(self, rngs):
+            self.embed = nnx.Embed(vocab, dim, rngs=rngs)
+            self.blocks = nnx.List([Block(rngs) for _ in range(blocks)])
+            self.head = nnx.Linear(dim, vocab, rngs=rngs)
+
+        def __call__(self, tokens):
+            x = self.embed(tokens)
+            for block in self.blocks:
+                x = block(x)
+            return self.head(x)
+
+    def megatron(path, _):
+        names = {str(getattr(p, "key", p)) for p in path}
+        if "kernel" in names:
+            return P(None, "model") if {"qkv", "up"} & names else P("model", None) if {"o", "down"} & names else P()
+        return P(None, "model") if "embedding" in names else P()
+
+    mesh = jax.make_mesh((2, 4), ("data", "model"), axis_types=(AxisType.Auto,) * 2)
+    graph, state = nnx.split(GPT(nnx.Rngs(0)))
+    state = jax.tree_util.tree_map_with_path(lambda path, a: jax.device_put(a, NamedSharding(mesh, megatron(path, a))), state)
+    tokens = jax.device_put(jax.random.randint(jax.random.PRNGKey(1), (batch, seq + 1), 0, vocab), NamedSharding(mesh, P("data")))
+
+    def loss(state, tokens):
+        logits = nnx.merge(graph, state)(tokens[:, :-1])
+        return -jnp.mean(jnp.take_along_axis(jax.nn.log_softmax(logits), tokens[:, 1:, None], -1))
+
+    name = f"Flax GPT {blocks}x{dim}, seq {seq}, batch {batch}"
+    return [_grad_row(name, "data 2 x model 4", loss, state, tokens, ratio, repeats) for ratio in ratios]
 
 
 def shard_map_layers(mesh, layers: int):
@@ -216,6 +269,7 @@ def main(argv=None):
     parser.add_argument("--grad", action="store_true", help="jdtr.grad instead of jdtr.plan")
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--manual", action="store_true", help="with --grad: only the loss written as one shard_map")
+    parser.add_argument("--gpt", action="store_true", help="with --grad: only the Flax GPT")
     parser.add_argument("--first-call", choices=("plan", "grad"), help="time one structure's first plan or call")
     parser.add_argument("--layers", type=int, default=24, help="with --first-call: shard_map layers")
     parser.add_argument("--jit", action="store_true", help="plans under jax.jit on an Explicit mesh, without jax.set_mesh")
@@ -248,12 +302,16 @@ def main(argv=None):
                  "device, after every step). Step time: median of interleaved repeats against `jax.jit(jax.grad)` "
                  "(8 devices on 2 cores: a rough guide only).", "",
                  "| model | mesh | budget | jax.jit(jax.grad) MiB per device | unconstrained peak MiB | budget MiB | "
-                 "peak MiB | live peak MiB | dispatches (equations) | first call | step / jax.jit(jax.grad) | max grad difference |",
-                 "|---|---|---|---|---|---|---|---|---|---|---|---|"]
-        for name in [] if args.manual else MODELS:
+                 "peak MiB | live peak MiB | dispatches (equations) | first call | step / jax.jit(jax.grad) | max grad difference | "
+                 "gradients sharded as jax.jit(jax.grad)'s |",
+                 "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+        for name in [] if args.manual or args.gpt else MODELS:
             print(f"benchmarking jdtr.grad on {name} ...", file=sys.stderr)
             lines += grad_rows(name, args.ratios, args.repeats)
-        lines += manual_rows(args.ratios, args.repeats)
+        if not args.gpt:
+            lines += manual_rows(args.ratios, args.repeats)
+        if not args.manual:
+            lines += gpt_rows(args.ratios, args.repeats)
         text = "\n".join(lines)
         print(text)
         write_report(args.output, text)

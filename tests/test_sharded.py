@@ -320,15 +320,14 @@ GRAD_SCRIPT = COLLECTIVE_LOSS + textwrap.dedent(
     reference = jax.jit(jax.grad(gpt_loss))(state, tokens)
     # (the test's premise: on one equation, XLA places these gradients otherwise)
     assert any(r.sharding.spec == P("model") for r in jax.tree.leaves(reference)), reference
-    for budget in (1.0, 0.5):
-        step = jdtr.grad(gpt_loss, budget=budget, return_stats=True, debug=True)
-        for call in range(3):  # step by step, then as compiled chunks
-            grads, stats = step(state, tokens)
-            assert stats.live_peak_bytes <= stats.budget_bytes, stats
-            for g, r in zip(jax.tree.leaves(grads), jax.tree.leaves(reference)):
-                assert g.sharding.is_equivalent_to(r.sharding, g.ndim), (g.sharding, r.sharding)
-                np.testing.assert_allclose(np.asarray(g), np.asarray(r), rtol=1e-4, atol=1e-6)
-        assert stats.execution == "chunks" and (stats.rematerializations > 0) == (budget < 1.0), stats
+    step = jdtr.grad(gpt_loss, budget=0.5, return_stats=True, debug=True)
+    for call in range(2):  # step by step, then as compiled chunks
+        grads, stats = step(state, tokens)
+        assert stats.live_peak_bytes <= stats.budget_bytes, stats
+        for g, r in zip(jax.tree.leaves(grads), jax.tree.leaves(reference)):
+            assert g.sharding.is_equivalent_to(r.sharding, g.ndim), (g.sharding, r.sharding)
+            np.testing.assert_allclose(np.asarray(g), np.asarray(r), rtol=1e-4, atol=1e-6)
+    assert stats.execution == "chunks" and stats.rematerializations > 0, stats
     print("gpt shardings ok")
 
     # A loss closing over sharded arrays (a frozen embedding table, a frozen layer): constants
@@ -345,15 +344,14 @@ GRAD_SCRIPT = COLLECTIVE_LOSS + textwrap.dedent(
     ws = [jax.device_put(w, NamedSharding(grid, s)) for w, s in zip(m.params[:8], [P(None, "model"), P("model", None)] * 4)]
     tokens = jax.device_put(jax.random.randint(jax.random.PRNGKey(4), (256,), 0, 128), NamedSharding(grid, P("data")))
     reference = jax.jit(jax.grad(tuned_loss))(ws, tokens)
-    for budget in (1.0, 0.5):
-        step = jdtr.grad(tuned_loss, budget=budget, return_stats=True, debug=True)
-        for call in range(3):
-            grads, stats = step(ws, tokens)
-            assert stats.live_peak_bytes <= stats.budget_bytes, stats
-            for g, r in zip(grads, reference):
-                assert g.sharding.is_equivalent_to(r.sharding, g.ndim), (g.sharding, r.sharding)
-                np.testing.assert_allclose(np.asarray(g), np.asarray(r), rtol=1e-4, atol=1e-6)
-        assert stats.execution == "chunks" and (stats.rematerializations > 0) == (budget < 1.0), stats
+    step = jdtr.grad(tuned_loss, budget=0.5, return_stats=True, debug=True)
+    for call in range(2):  # step by step, then as compiled chunks
+        grads, stats = step(ws, tokens)
+        assert stats.live_peak_bytes <= stats.budget_bytes, stats
+        for g, r in zip(grads, reference):
+            assert g.sharding.is_equivalent_to(r.sharding, g.ndim), (g.sharding, r.sharding)
+            np.testing.assert_allclose(np.asarray(g), np.asarray(r), rtol=1e-4, atol=1e-6)
+    assert stats.execution == "chunks" and stats.rematerializations > 0, stats
     print("closed over ok")
 
     # Collectives in the step: shard_map with a psum in every layer.

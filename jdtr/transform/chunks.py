@@ -359,7 +359,8 @@ def _layout(line: StraightLine, avals: Sequence[Any], span: _Span, resident_byte
     # choose for the chunk as a whole, and could replicate what was sharded.
     in_shardings, out_shardings = _placed([avals[s] for s in inputs_t], [avals[s] for s in outputs], whole)
     in_types = tuple(
-        (tuple(avals[s].shape), str(avals[s].dtype), bool(avals[s].weak_type), sharding) for s, sharding in zip(inputs_t, in_shardings)
+        (tuple(avals[s].shape), str(avals[s].dtype), bool(avals[s].weak_type), sharding)
+        for s, sharding in zip(inputs_t, in_shardings)
     )
     key = (tuple(id(step.payload.executable) for step in steps), tuple(wiring), out_refs, donated, in_types, out_shardings)
     output_bytes = sum(line.sizes[s] for s in outputs)

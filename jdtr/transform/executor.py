@@ -37,8 +37,8 @@ def slot_avals(line: StraightLine, program: Program) -> list[Any]:
         avals[slot] = value
     for slot, array in line.externals.items():
         # (a constant's array: placed where it is, which a chunk must expect)
-        aval = _jax_core.aval_of(array)
-        avals[slot] = jax.ShapeDtypeStruct(aval.shape, aval.dtype, weak_type=aval.weak_type, sharding=spread(getattr(array, "sharding", None)))
+        aval, placed = _jax_core.aval_of(array), spread(getattr(array, "sharding", None))
+        avals[slot] = jax.ShapeDtypeStruct(aval.shape, aval.dtype, weak_type=aval.weak_type, sharding=placed)
     for step in line.steps:
         if type(step) is Compute:
             for slot, value in zip(step.outputs, step.payload.outputs):

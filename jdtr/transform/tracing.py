@@ -63,7 +63,8 @@ def trace_value_and_grad(
     variants = None
     if keep and kept_scans(program):
         trace, run_as = _strategy_tracer(_weak(fun), argnums, has_aux, holomorphic, cost_model, arguments, aux, outs)
-        variants = ScanVariants(program, trace, unroll=lambda: _normalized(closed, cost_model, False, shardings, outs), run_as=run_as)
+        unroll = lambda: _normalized(closed, cost_model, False, shardings, outs)  # noqa: E731
+        variants = ScanVariants(program, trace, unroll=unroll, run_as=run_as)
     traced = Traced(program, out_tree, program.unconstrained_peak(), time.perf_counter() - start, variants=variants)
     if any(s is not None for s in shardings) and manual.has_inlinable(closed.jaxpr):
         # The step as written first (a whole `shard_map` runs fastest); its
