@@ -394,6 +394,24 @@ GRAD_SCRIPT = COLLECTIVE_LOSS + textwrap.dedent(
             np.testing.assert_allclose(np.asarray(g), np.asarray(r), rtol=1e-4, atol=1e-6)
     print("views ok")
 
+    # Arguments committed to one device other than JAX's default: the chunks are compiled for
+    # it (before, compiled for the default device, they refused the arrays on the second call),
+    # again for a call on the default device, and a cond on data runs by its paths there too.
+    third = jax.devices()[3]
+    for fn in (loss, branching):
+        params, x = jax.device_put(m.params[:8], third), jax.device_put(m.batch, third)
+        expected = [np.asarray(r) for r in jax.jit(jax.grad(fn))(params, x)]
+        step = jdtr.grad(fn, budget=0.5, return_stats=True, debug=True)
+        for args, device in (((params, x), third), ((m.params[:8], m.batch), jax.devices()[0]), ((params, x), third)):
+            for call in range(2):
+                grads, stats = step(*args)
+                assert stats.live_peak_bytes <= stats.budget_bytes, stats
+                for g, e in zip(grads, expected):
+                    assert g.devices() == {device}, (g.devices(), device)
+                    np.testing.assert_allclose(np.asarray(g), e, rtol=1e-4, atol=1e-6)
+            assert stats.execution == "chunks", stats
+    print("one device ok")
+
     # A loss that is one shard_map (Megatron-style layers, a psum over each axis): its body is
     # inlined, each equation a shard_map of its own, so DTR plans inside it. Before, the two
     # shard_maps of its gradient were two operators holding every residual: no run below ~1.0.
@@ -426,7 +444,7 @@ def test_grad_on_sharded_arguments_keeps_a_budget_per_device():
     env = dict(os.environ, XLA_FLAGS=flags, JAX_PLATFORMS="cpu")
     result = subprocess.run([sys.executable, "-c", GRAD_SCRIPT], env=env, capture_output=True, text=True, timeout=900)
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-4000:]
-    for expected in ("grad (2, 4) Auto 0.3", "online (2, 4)", "grad (8,) Explicit 0.5", "online (8,) Explicit", "nnx ok", "gpt shardings ok", "closed over ok", "collectives ok", "errors ok", "views ok", "one shard_map Auto 0.5", "one shard_map Explicit 0.5"):
+    for expected in ("grad (2, 4) Auto 0.3", "online (2, 4)", "grad (8,) Explicit 0.5", "online (8,) Explicit", "nnx ok", "gpt shardings ok", "closed over ok", "collectives ok", "errors ok", "views ok", "one device ok", "one shard_map Auto 0.5", "one shard_map Explicit 0.5"):
         assert expected in result.stdout, result.stdout
 
 

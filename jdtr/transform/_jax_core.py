@@ -359,6 +359,15 @@ def concrete_array_type() -> type:
 SINGLE_DEVICE = jax.sharding.SingleDeviceSharding
 
 
+def default_device() -> Any:
+    """Where JAX runs uncommitted work: `jax.default_device`'s device (a
+    context or the config) if one is set, else the default backend's first."""
+    chosen = getattr(jax.config, "jax_default_device", None)
+    if chosen is not None and not isinstance(chosen, str):
+        return chosen
+    return jax.devices(chosen)[0]
+
+
 def one_device(sharding: Any) -> bool:
     """Whether a sharding is a single device's, without asking for its device set (a set built per call)."""
     return type(sharding) is SINGLE_DEVICE or len(sharding.device_set) == 1

@@ -44,10 +44,7 @@ def allocator_bytes(inputs: Sequence[Any], held: int) -> Optional[Callable[[], i
     if committed:
         devices = list(committed[0].sharding.device_set)
     else:
-        device = jax.config.jax_default_device or jax.devices()[0]
-        if isinstance(device, str):  # a platform name
-            device = jax.devices(device)[0]
-        devices = [device]
+        devices = [_jax_core.default_device()]
     # On a mesh over several processes, each reads its own devices (another's cannot be asked).
     devices = [d for d in devices if d.process_index == jax.process_index()]
     try:

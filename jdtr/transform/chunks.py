@@ -254,9 +254,10 @@ def _narrowest(line: StraightLine, span: _Span, candidates: Sequence[int], middl
     return min(candidates, key=lambda t: (crossing_at[t - span.start], abs(t - middle)))
 
 
-def cut(line: StraightLine, avals: Sequence[Any], budget_bytes: float) -> list[Item]:
+def cut(line: StraightLine, avals: Sequence[Any], budget_bytes: float, device: Any = None) -> list[Item]:
     """The plan as chunks and deletes, each chunk compiled (or taken from the
-    cache) and within the budget by XLA's analysis.
+    cache) and within the budget by XLA's analysis; on `device` where one
+    is given (arguments committed to a device other than JAX's default).
 
     Chunks are compiled in waves: every span of the cut at once, then the
     halves of those XLA made too large, and so on. A wave's distinct programs
@@ -264,7 +265,7 @@ def cut(line: StraightLine, avals: Sequence[Any], budget_bytes: float) -> list[I
     compiles, and a wave of a transformer's plan is dozens of programs of
     0.05-0.7 s each."""
     resident = line.resident_before()
-    whole = _whole(avals)
+    whole = _whole(avals) if device is None else jax.sharding.SingleDeviceSharding(device)
     items: list[Union[Item, _Span]] = list(_spans(line, budget_bytes, resident))
     while True:
         spans = [item for item in items if type(item) is _Span]
@@ -380,7 +381,8 @@ def _whole(avals: Sequence[Any]) -> Any:
 
 def _placed(inputs: Sequence[Any], outputs: Sequence[Any], whole: Any) -> tuple[tuple[Any, ...], tuple[Any, ...]]:
     """A chunk's input and output shardings: its values' (`Value.sharding`).
-    On a mesh (`whole` not None), a value counted whole on one device (made
+    On one device other than the default, `whole` is that device: every
+    value is there. On a mesh, a value counted whole on one device (made
     from unsharded values alone) is `whole`: left to XLA, a chunk could
     shard it as an output, or expect it sharded as an input, while another
     chunk made it whole (on a GPT's step the loss's broadcast cotangent:

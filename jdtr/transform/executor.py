@@ -47,26 +47,46 @@ def slot_avals(line: StraightLine, program: Program) -> list[Any]:
 
 
 def chunks_for(
-    plan: Any, program: Program, policy: str, budget_bytes: int, chunked: Optional[bool] = None
+    plan: Any, program: Program, policy: str, budget_bytes: int, chunked: Optional[bool] = None, device: Any = None
 ) -> tuple[Optional[list[Item]], float]:
     """The compiled chunks a planned run (`planner.PlannedRun`) runs by, or
     None to run it step by step, as `policy` says ("always", "never", or
     "auto": once its step-by-step runs took as long as compiling is
     expected to, `rental.py`), or as `chunked` says where that was decided
     before (`compiles`, before the plan was settled for chunks); and the
-    seconds cutting and compiling took now. Counts the run."""
+    seconds cutting and compiling took now. Counts the run. `device`: the
+    one the arguments are committed to (`run_device`), where chunks run;
+    a plan's chunks are compiled again for a call on another device (each
+    distinct chunk program once per device: `chunks.cut`'s cache)."""
     if chunked is None:
         chunked = compiles(plan, policy)
     plan.rent.runs += 1
     if not chunked:
         return None, 0.0
-    if plan.compiled is not None:
+    if plan.compiled is not None and plan.compiled_on == device:
         return plan.compiled, 0.0
     start = time.perf_counter()
-    plan.compiled = cut(plan.line, slot_avals(plan.line, program), budget_bytes)
+    plan.compiled = cut(plan.line, slot_avals(plan.line, program), budget_bytes, device)
+    plan.compiled_on = device
     elapsed = time.perf_counter() - start
     rental.COMPILE_RATE.observe(operations(plan.line), elapsed)
     return plan.compiled, elapsed
+
+
+def run_device(program: Program, inputs: Sequence[Any]) -> Any:
+    """The device a run of `program` (not over a mesh) on `inputs` is
+    placed on, where it is not JAX's default: the one its committed
+    arguments are on (`arguments` checked they share it). Each equation,
+    jitted, follows its inputs there; a compiled chunk runs where it was
+    compiled for, so one compiled for the default device refused arrays
+    committed to another (`jax.device_put(params, jax.devices()[1])`)."""
+    if program.devices > 1:
+        return None
+    for x in inputs:
+        if getattr(x, "committed", False):
+            device = next(iter(x.sharding.device_set))
+            return None if device == _jax_core.default_device() else device
+    return None
 
 
 def renting(plan: Any, policy: str) -> bool:
@@ -108,7 +128,8 @@ class Execution:
     `steps` or `chunks` runs the line to its end, or to its next `Read`,
     whose index they return (the length of the line or of the chunks at the
     end); `dispatches` counts the executables called. `serial`: each
-    dispatch waits for the one before it (`serial_dispatch`)."""
+    dispatch waits for the one before it (`serial_dispatch`). `device`:
+    where its chunks run (`run_device`)."""
 
     def __init__(
         self,
@@ -117,10 +138,12 @@ class Execution:
         owned: Sequence[bool],
         after: Optional[Callable[[], None]],
         serial: bool = False,
+        device: Any = None,
     ):
         self.line = line
         self.after = after  # called once each dispatch is made (the debug check)
         self.serial = serial
+        self.device = device
         self.dispatches = 0
         self.slots: list[Any] = [None] * line.num_slots
         for slot, array in zip(line.arguments, args):

@@ -64,7 +64,7 @@ from ..oplog import Trace, TraceRecorder
 from . import _jax_core
 from .costs import MEASURED, CostModel, MeasuredCosts, check_cost_model
 from .arguments import Static, argnums_tuple, flatten_arguments
-from .executor import Execution, chunks_for, compiles, renting, serial_dispatch
+from .executor import Execution, chunks_for, compiles, renting, run_device, serial_dispatch
 from .allocator import AllocatorGuard, allocator_bytes
 from .interpreter import Interpreter, JaxBackend, LiveArrayCheck
 from .lowering import recording, simulation
@@ -279,7 +279,7 @@ class _ValueAndGrad:
             planning = plan.planning_time_s - before
         if self.timeline or self.log is not None:
             observe(plan, program, owned, self.dealloc, self.timeline, self.log is not None)
-        execution = Execution(plan.line, inputs, owned, check, serial_dispatch(program))
+        execution = Execution(plan.line, inputs, owned, check, serial_dispatch(program), run_device(program, inputs))
         if plan.path is not None:  # a cond on data: by the path its predicates read
             start = time.perf_counter()
             try:
@@ -304,7 +304,7 @@ class _ValueAndGrad:
                 plan.warned = True
                 warnings.warn(ThrashWarning(plan.overhead, budget_bytes, plan.calm_budget_bytes, plan.heuristic), stacklevel=4)
         else:
-            items, compiling = chunks_for(plan, program, self.chunks, planned_for, in_chunks)
+            items, compiling = chunks_for(plan, program, self.chunks, planned_for, in_chunks, execution.device)
             planning += compiling
             compiled = items is not None
             rents = not compiled and renting(plan, self.chunks)  # its seconds count towards compiling (rental.py)

@@ -81,7 +81,7 @@ def run_by_paths(
     how: dict[int, object] = {}  # per plan this run went by: its chunks, or None (step by step)
     while True:
         if id(plan) not in how:
-            how[id(plan)], elapsed = chunks_for(plan, program, chunks, budget_bytes)
+            how[id(plan)], elapsed = chunks_for(plan, program, chunks, budget_bytes, device=execution.device)
             planning += elapsed
         items = how[id(plan)]
         compiled = compiled and items is not None

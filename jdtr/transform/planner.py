@@ -177,6 +177,7 @@ class PlannedRun:
     remaining: tuple[Union[str, Heuristic], ...] = ()
     calm_budget_bytes: Optional[int] = None  # where thrashing (overhead > THRASH_OVERHEAD): a budget that is not
     compiled: Any = None  # the executor's chunks, once compiled (when the plan is run again)
+    compiled_on: Any = None  # the device they run on, if the arguments were committed to another one
     slack: int = 0  # bytes under the budget it was made for, to run as fewer chunks (`slack.py`)
     # A program with `cond`s is planned per path (`paths.py`): the branches
     # this plan knows, and per `Read` of its line, the `cond` and the branch
