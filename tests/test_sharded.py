@@ -410,6 +410,11 @@ GRAD_SCRIPT = COLLECTIVE_LOSS + textwrap.dedent(
                     assert g.devices() == {device}, (g.devices(), device)
                     np.testing.assert_allclose(np.asarray(g), e, rtol=1e-4, atol=1e-6)
             assert stats.execution == "chunks", stats
+    with jax.default_device(jax.devices()[5]):  # uncommitted arrays run on the default device
+        fresh = [jnp.array(np.asarray(w)) for w in m.params[:8]], jnp.array(np.asarray(m.batch))
+        for call in range(2):
+            grads, stats = step(*fresh)
+        assert stats.execution == "chunks" and all(g.devices() == {jax.devices()[5]} for g in grads), stats
     print("one device ok")
 
     # A loss that is one shard_map (Megatron-style layers, a psum over each axis): its body is

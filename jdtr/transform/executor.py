@@ -75,18 +75,17 @@ def chunks_for(
 
 def run_device(program: Program, inputs: Sequence[Any]) -> Any:
     """The device a run of `program` (not over a mesh) on `inputs` is
-    placed on, where it is not JAX's default: the one its committed
-    arguments are on (`arguments` checked they share it). Each equation,
-    jitted, follows its inputs there; a compiled chunk runs where it was
-    compiled for, so one compiled for the default device refused arrays
-    committed to another (`jax.device_put(params, jax.devices()[1])`)."""
+    placed on, where it is not the backend's first: the one its committed
+    arguments are on (`arguments` checked they share it), else JAX's
+    default (`jax.default_device`). Each equation, jitted, follows its
+    inputs there; a compiled chunk runs where it was compiled for, so one
+    compiled for the first device refused arrays committed to another
+    (`jax.device_put(params, jax.devices()[1])`)."""
     if program.devices > 1:
         return None
-    for x in inputs:
-        if getattr(x, "committed", False):
-            device = next(iter(x.sharding.device_set))
-            return None if device == _jax_core.default_device() else device
-    return None
+    device = next((next(iter(x.sharding.device_set)) for x in inputs if getattr(x, "committed", False)), None)
+    device = device if device is not None else _jax_core.default_device()
+    return None if device == jax.devices(device.platform)[0] else device
 
 
 def renting(plan: Any, policy: str) -> bool:
