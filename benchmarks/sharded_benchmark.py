@@ -181,54 +181,15 @@ def _grad_row(model_name: str, mesh_name: str, loss, params, x, ratio: float, re
     )
 
 
-def gpt_rows(ratios, repeats: int, blocks: int = 4, dim: int = 128, seq: int = 64, batch: int = 32, vocab: int = 256) -> list[str]:
-    """`jdtr.grad` on a Flax NNX GPT over the 2x4 mesh with Auto axes:
-    attention and MLP kernels split over "model" Megatron's way (column then
-    row), the embedding over its features, the batch over "data". Here the
-    whole step shards some gradients otherwise than their equations alone."""
-    from flax import nnx
-
-    class Block(nnx.Module):
-        def __init__(self, rngs):
-            self.ln1, self.ln2 = nnx.LayerNorm(dim, rngs=rngs), nnx.LayerNorm(dim, rngs=rngs)
-            self.qkv, self.o = nnx.Linear(dim, 3 * dim, rngs=rngs), nnx.Linear(dim, dim, rngs=rngs)
-            self.up, self.down = nnx.Linear(dim, 4 * dim, rngs=rngs), nnx.Linear(4 * dim, dim, rngs=rngs)
-
-        def __call__(self, x):
-            b, t, _ = x.shape
-            q, k, v = (z.reshape(b, t, 4, dim // 4) for z in jnp.split(self.qkv(self.ln1(x)), 3, -1))
-            x = x + self.o(jax.nn.dot_product_attention(q, k, v, is_causal=True).reshape(b, t, dim))
-            return x + self.down(nnx.gelu(self.up(self.ln2(x))))
-
-    class GPT(nnx.Module):
-        def __init__(self, rngs):
-            self.embed = nnx.Embed(vocab, dim, rngs=rngs)
-            self.blocks = nnx.List([Block(rngs) for _ in range(blocks)])
-            self.head = nnx.Linear(dim, vocab, rngs=rngs)
-
-        def __call__(self, tokens):
-            x = self.embed(tokens)
-            for block in self.blocks:
-                x = block(x)
-            return self.head(x)
-
-    def megatron(path, _):
-        names = {str(getattr(p, "key", p)) for p in path}
-        if "kernel" in names:
-            return P(None, "model") if {"qkv", "up"} & names else P("model", None) if {"o", "down"} & names else P()
-        return P(None, "model") if "embedding" in names else P()
-
+def gpt_rows(ratios, repeats: int, blocks: int = 4, dim: int = 128, seq: int = 64, batch: int = 32) -> list[str]:
+    """`jdtr.grad` on a Flax NNX GPT over the 2x4 mesh with Auto axes
+    (`models.flax_gpt_megatron`: kernels split over "model" Megatron's way,
+    tokens over "data"). Here the whole step shards some gradients otherwise
+    than their equations alone."""
     mesh = jax.make_mesh((2, 4), ("data", "model"), axis_types=(AxisType.Auto,) * 2)
-    graph, state = nnx.split(GPT(nnx.Rngs(0)))
-    state = jax.tree_util.tree_map_with_path(lambda path, a: jax.device_put(a, NamedSharding(mesh, megatron(path, a))), state)
-    tokens = jax.device_put(jax.random.randint(jax.random.PRNGKey(1), (batch, seq + 1), 0, vocab), NamedSharding(mesh, P("data")))
-
-    def loss(state, tokens):
-        logits = nnx.merge(graph, state)(tokens[:, :-1])
-        return -jnp.mean(jnp.take_along_axis(jax.nn.log_softmax(logits), tokens[:, 1:, None], -1))
-
+    m = models.flax_gpt_megatron(mesh, blocks=blocks, dim=dim, seq=seq, batch=batch)
     name = f"Flax GPT {blocks}x{dim}, seq {seq}, batch {batch}"
-    return [_grad_row(name, "data 2 x model 4", loss, state, tokens, ratio, repeats) for ratio in ratios]
+    return [_grad_row(name, "data 2 x model 4", m.loss, m.params, m.batch, ratio, repeats) for ratio in ratios]
 
 
 def shard_map_layers(mesh, layers: int):

@@ -278,45 +278,9 @@ GRAD_SCRIPT = COLLECTIVE_LOSS + textwrap.dedent(
     # A GPT on the 2x4 mesh (Auto axes), its kernels split over the model axis: the
     # partitioner shards some gradients otherwise for one equation than for the whole
     # step (LayerNorm biases, the attention's kernel); they come back as the step's.
-    class Block(nnx.Module):
-        def __init__(self, rngs):
-            self.ln1, self.ln2 = nnx.LayerNorm(32, rngs=rngs), nnx.LayerNorm(32, rngs=rngs)
-            self.qkv, self.o = nnx.Linear(32, 96, rngs=rngs), nnx.Linear(32, 32, rngs=rngs)
-            self.up, self.down = nnx.Linear(32, 128, rngs=rngs), nnx.Linear(128, 32, rngs=rngs)
-
-        def __call__(self, x):
-            b, t, _ = x.shape
-            q, k, v = (z.reshape(b, t, 4, 8) for z in jnp.split(self.qkv(self.ln1(x)), 3, -1))
-            x = x + self.o(jax.nn.dot_product_attention(q, k, v, is_causal=True).reshape(b, t, 32))
-            return x + self.down(nnx.gelu(self.up(self.ln2(x))))
-
-    class GPT(nnx.Module):
-        def __init__(self, rngs):
-            self.embed = nnx.Embed(64, 32, rngs=rngs)
-            self.blocks = nnx.List([Block(rngs) for _ in range(2)])
-            self.head = nnx.Linear(32, 64, rngs=rngs)
-
-        def __call__(self, tokens):
-            x = self.embed(tokens)
-            for block in self.blocks:
-                x = block(x)
-            return self.head(x)
-
-    def megatron(path, _):
-        names = [str(getattr(p, "key", p)) for p in path]
-        if "kernel" in names:
-            return P(None, "model") if {"qkv", "up"} & set(names) else P("model", None) if {"o", "down"} & set(names) else P()
-        return P(None, "model") if "embedding" in names else P()
-
     grid = jax.make_mesh((2, 4), ("data", "model"), axis_types=(AxisType.Auto,) * 2)
-    graph, state = nnx.split(GPT(nnx.Rngs(0)))
-    state = jax.tree_util.tree_map_with_path(lambda path, a: jax.device_put(a, NamedSharding(grid, megatron(path, a))), state)
-    tokens = jax.device_put(jax.random.randint(jax.random.PRNGKey(1), (16, 17), 0, 64), NamedSharding(grid, P("data")))
-
-    def gpt_loss(state, tokens):
-        logits = nnx.merge(graph, state)(tokens[:, :-1])
-        return -jnp.mean(jnp.take_along_axis(jax.nn.log_softmax(logits), tokens[:, 1:, None], -1))
-
+    gpt = models.flax_gpt_megatron(grid, blocks=2, dim=32, seq=16, batch=16, vocab=64)
+    gpt_loss, state, tokens = gpt.loss, gpt.params, gpt.batch
     reference = jax.jit(jax.grad(gpt_loss))(state, tokens)
     # (the test's premise: on one equation, XLA places these gradients otherwise)
     assert any(r.sharding.spec == P("model") for r in jax.tree.leaves(reference)), reference

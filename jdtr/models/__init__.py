@@ -1,7 +1,7 @@
 """Reference models, shared by tests, benchmarks and notebooks: in plain JAX
 (`jax_models`) and in Flax NNX (`flax_models`: `batchnorm_cnn`, `flax_gpt`,
-`flax_resnet_groupnorm`, `flax_unet`, `flax_unet3`, `flax_scan_lstm`,
-`flax_scan_gpt` and `flax_tied_lm`,
+`flax_gpt_megatron` (placed on a mesh), `flax_resnet_groupnorm`, `flax_unet`,
+`flax_unet3`, `flax_scan_lstm`, `flax_scan_gpt` and `flax_tied_lm`,
 which import flax and optax when called).
 
 Layer 0 of docs/design.md's map: public, for users to try jdtr on, but not
@@ -13,7 +13,7 @@ use small ones and benchmarks large ones.
 """
 
 from .flax_models import (
-    batchnorm_cnn, flax_gpt, flax_resnet_groupnorm, flax_scan_gpt, flax_scan_lstm, flax_tied_lm, flax_unet,
+    batchnorm_cnn, flax_gpt, flax_gpt_megatron, flax_resnet_groupnorm, flax_scan_gpt, flax_scan_lstm, flax_tied_lm, flax_unet,
     flax_unet3,
 )
 from .jax_models import (
@@ -32,7 +32,7 @@ from .jax_models import (
 )
 
 __all__ = [
-    "Model", "Segment", "batchnorm_cnn", "flax_gpt", "flax_resnet_groupnorm", "flax_scan_gpt", "flax_scan_lstm",
+    "Model", "Segment", "batchnorm_cnn", "flax_gpt", "flax_gpt_megatron", "flax_resnet_groupnorm", "flax_scan_gpt", "flax_scan_lstm",
     "flax_tied_lm", "flax_unet", "flax_unet3", "gated_mlp", "megatron_shard_map", "message_passing", "mlp_chain", "plain_cnn", "resnet", "rnn", "sorted_layers",
     "transformer", "wavenet",
 ]

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import math
 import weakref
 from typing import Any, Iterable, Optional, Sequence
@@ -359,13 +360,23 @@ def concrete_array_type() -> type:
 SINGLE_DEVICE = jax.sharding.SingleDeviceSharding
 
 
-def default_device() -> Any:
-    """Where JAX runs uncommitted work: `jax.default_device`'s device (a
-    context or the config) if one is set, else the default backend's first."""
+def chosen_default_device() -> Optional[Any]:
+    """`jax.default_device`'s device (a context or the config), None where
+    none is set: uncommitted work then runs on the default backend's first."""
     chosen = getattr(jax.config, "jax_default_device", None)
-    if chosen is not None and not isinstance(chosen, str):
-        return chosen
-    return jax.devices(chosen)[0]
+    return jax.devices(chosen)[0] if isinstance(chosen, str) else chosen
+
+
+def default_device() -> Any:
+    """Where JAX runs uncommitted work."""
+    chosen = chosen_default_device()
+    return chosen if chosen is not None else jax.devices()[0]
+
+
+@functools.lru_cache(maxsize=None)
+def first_device(platform: str) -> Any:
+    """The first device of a platform (backends do not change in a process)."""
+    return jax.devices(platform)[0]
 
 
 def one_device(sharding: Any) -> bool:

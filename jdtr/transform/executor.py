@@ -84,8 +84,11 @@ def run_device(program: Program, inputs: Sequence[Any]) -> Any:
     if program.devices > 1:
         return None
     device = next((next(iter(x.sharding.device_set)) for x in inputs if getattr(x, "committed", False)), None)
-    device = device if device is not None else _jax_core.default_device()
-    return None if device == jax.devices(device.platform)[0] else device
+    if device is None:
+        device = _jax_core.chosen_default_device()
+        if device is None:  # (the common case, read on every call: a few microseconds)
+            return None
+    return None if device == _jax_core.first_device(device.platform) else device
 
 
 def renting(plan: Any, policy: str) -> bool:
