@@ -361,21 +361,21 @@ GRAD_SCRIPT = COLLECTIVE_LOSS + textwrap.dedent(
     # Arguments committed to one device other than JAX's default: the chunks are compiled for
     # it (before, compiled for the default device, they refused the arrays on the second call),
     # again for a call on the default device, and a cond on data runs by its paths there too.
-    third = jax.devices()[3]
-    for fn in (loss, branching):
-        params, x = jax.device_put(m.params[:8], third), jax.device_put(m.batch, third)
+    third, ws, batch = jax.devices()[3], m.params[:8], m.batch[:1024]
+    for fn, placements in ((loss, (third, jax.devices()[0], third)), (branching, (third,))):
+        params, x = jax.device_put(ws, third), jax.device_put(batch, third)
         expected = [np.asarray(r) for r in jax.jit(jax.grad(fn))(params, x)]
         step = jdtr.grad(fn, budget=0.5, return_stats=True, debug=True)
-        for args, device in (((params, x), third), ((m.params[:8], m.batch), jax.devices()[0]), ((params, x), third)):
-            for call in range(2):
-                grads, stats = step(*args)
+        for device in placements:
+            for call in range(3):  # (a cond on data: its path's plan compiles a run later)
+                grads, stats = step(*jax.device_put((ws, batch), device))
                 assert stats.live_peak_bytes <= stats.budget_bytes, stats
                 for g, e in zip(grads, expected):
                     assert g.devices() == {device}, (g.devices(), device)
                     np.testing.assert_allclose(np.asarray(g), e, rtol=1e-4, atol=1e-6)
             assert stats.execution == "chunks", stats
     with jax.default_device(jax.devices()[5]):  # uncommitted arrays run on the default device
-        fresh = [jnp.array(np.asarray(w)) for w in m.params[:8]], jnp.array(np.asarray(m.batch))
+        fresh = [jnp.array(np.asarray(w)) for w in ws], jnp.array(np.asarray(batch))
         for call in range(2):
             grads, stats = step(*fresh)
         assert stats.execution == "chunks" and all(g.devices() == {jax.devices()[5]} for g in grads), stats
