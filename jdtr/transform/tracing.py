@@ -110,8 +110,9 @@ def _step_out_shardings(closed: Any, arguments: Arguments) -> Optional[list]:
     The partitioner shards each equation for its own inputs, and the whole
     step may shard a gradient otherwise (on Auto axes, a GPT's attention
     kernel and LayerNorm biases); the step is compiled once per structure
-    to read its choice (measured: its bytes are not needed, so on the CPU
-    without LLVM's optimizations), and the gradients are made there."""
+    to read its choice, and the gradients are made there. It never runs,
+    so on the CPU it compiles without LLVM's optimizations (placements are
+    decided before code is generated: `compiled.measure_options`)."""
     specs = arguments.traced_specs
     if placements(specs) is None:
         return None
