@@ -257,7 +257,7 @@ def _narrowest(line: StraightLine, span: _Span, candidates: Sequence[int], middl
 def cut(line: StraightLine, avals: Sequence[Any], budget_bytes: float, device: Any = None) -> list[Item]:
     """The plan as chunks and deletes, each chunk compiled (or taken from the
     cache) and within the budget by XLA's analysis; on `device` where one
-    is given (arguments committed to a device other than JAX's default).
+    is given (not the backend's first: `executor.run_device`).
 
     Chunks are compiled in waves: every span of the cut at once, then the
     halves of those XLA made too large, and so on. A wave's distinct programs
@@ -358,7 +358,8 @@ def _layout(line: StraightLine, avals: Sequence[Any], span: _Span, resident_byte
     # On a mesh, a chunk's outputs keep the shardings its equations give them
     # (the plan counted their bytes per device by those): XLA would otherwise
     # choose for the chunk as a whole, and could replicate what was sharded.
-    in_shardings, out_shardings = _placed([avals[s] for s in inputs_t], [avals[s] for s in outputs], whole)
+    in_shardings = _placed([avals[s] for s in inputs_t], whole)
+    out_shardings = _placed([avals[s] for s in outputs], whole)
     in_types = tuple(
         (tuple(avals[s].shape), str(avals[s].dtype), bool(avals[s].weak_type), sharding)
         for s, sharding in zip(inputs_t, in_shardings)
@@ -379,24 +380,22 @@ def _whole(avals: Sequence[Any]) -> Any:
     return None if placed is None else replicated(placed)
 
 
-def _placed(inputs: Sequence[Any], outputs: Sequence[Any], whole: Any) -> tuple[tuple[Any, ...], tuple[Any, ...]]:
-    """A chunk's input and output shardings: its values' (`Value.sharding`).
-    On one device other than the default, `whole` is that device: every
-    value is there. On a mesh, a value counted whole on one device (made
-    from unsharded values alone) is `whole`: left to XLA, a chunk could
-    shard it as an output, or expect it sharded as an input, while another
-    chunk made it whole (on a GPT's step the loss's broadcast cotangent:
-    replicated by one chunk, expected split over the batch by the next,
-    which JAX refuses). Uncommitted arrays (what a single equation makes of
-    such values) are placed there as they enter. External arrays (not
-    `Value`s) are expected where they are; on one device, uncommitted, as
-    XLA chooses."""
-    ins, outs = tuple(_sharding(a) for a in inputs), tuple(_sharding(a) for a in outputs)
+def _placed(avals: Sequence[Any], whole: Any) -> tuple[Any, ...]:
+    """The shardings a chunk takes or gives these slots with: their values'
+    (`Value.sharding`). On one device other than the default, `whole` is
+    that device: every value is there. On a mesh, a value counted whole on
+    one device (made from unsharded values alone) is `whole`: left to XLA,
+    a chunk could shard it as an output, or expect it sharded as an input,
+    while another chunk made it whole (on a GPT's step the loss's broadcast
+    cotangent: replicated by one chunk, expected split over the batch by
+    the next, which JAX refuses). Uncommitted arrays (what a single
+    equation makes of such values) are placed there as they enter.
+    External arrays (not `Value`s) are expected where they are; on one
+    device, uncommitted, as XLA chooses."""
+    shardings = tuple(_sharding(a) for a in avals)
     if whole is None:
-        return ins, outs
-    ins = tuple(whole if s is None and isinstance(a, Value) else s for s, a in zip(ins, inputs))
-    outs = tuple(whole if s is None and isinstance(a, Value) else s for s, a in zip(outs, outputs))
-    return ins, outs
+        return shardings
+    return tuple(whole if s is None and isinstance(a, Value) else s for s, a in zip(shardings, avals))
 
 
 # key -> (the compiled program, (output, alias, temporary) bytes, the executables, code bytes)

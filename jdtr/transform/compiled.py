@@ -74,11 +74,17 @@ def _compiled_and_bytes(compiled: Any) -> tuple[Any, int]:
     return compiled, int(nbytes - analysis.alias_size_in_bytes)
 
 
+def compiled_to_measure(fn: Callable, specs: Sequence) -> Any:
+    """`fn` compiled for these shapes to be read (bytes, placements), never
+    run: with `measure_options`."""
+    return lower(fn, specs).compile(measure_options())
+
+
 def compiled_sizes(fn: Callable, specs: Sequence) -> tuple[int, int]:
     """XLA's bytes for `fn` compiled for these shapes (to be measured, not
     run): all of them, and its arguments and outputs alone (0 where the
     backend does not report)."""
-    compiled = lower(fn, specs).compile(measure_options())
+    compiled = compiled_to_measure(fn, specs)
     analysis = compiled.memory_analysis()
     fixed = 0 if analysis is None else analysis.argument_size_in_bytes + analysis.output_size_in_bytes
     return _compiled_and_bytes(compiled)[1], int(fixed - (analysis.alias_size_in_bytes if analysis else 0))
@@ -86,4 +92,4 @@ def compiled_sizes(fn: Callable, specs: Sequence) -> tuple[int, int]:
 
 def compiled_bytes(fn: Callable, specs: Sequence) -> int:
     """XLA's argument + output + temporary bytes for `fn` compiled for these shapes (to be measured, not run)."""
-    return _compiled_and_bytes(lower(fn, specs).compile(measure_options()))[1]
+    return _compiled_and_bytes(compiled_to_measure(fn, specs))[1]

@@ -54,8 +54,8 @@ def chunks_for(
     "auto": once its step-by-step runs took as long as compiling is
     expected to, `rental.py`), or as `chunked` says where that was decided
     before (`compiles`, before the plan was settled for chunks); and the
-    seconds cutting and compiling took now. Counts the run. `device`: the
-    one the arguments are committed to (`run_device`), where chunks run;
+    seconds cutting and compiling took now. Counts the run. `device`: where
+    the run is placed, if not the backend's first (`run_device`);
     a plan's chunks are compiled again for a call on another device (each
     distinct chunk program once per device: `chunks.cut`'s cache)."""
     if chunked is None:

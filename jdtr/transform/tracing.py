@@ -24,7 +24,7 @@ from .arguments import Arguments
 from .aux import array_leaves, arrays_of_aux
 from .caches import Traced
 from .collection import collection_paused
-from .compiled import lower, measure_options
+from .compiled import compiled_to_measure
 from .costs import MEASURED, CostModel
 from .devices import placements
 from .executable import assign_workspaces
@@ -112,12 +112,12 @@ def _step_out_shardings(closed: Any, arguments: Arguments) -> Optional[list]:
     kernel and LayerNorm biases); the step is compiled once per structure
     to read its choice, and the gradients are made there. It never runs,
     so on the CPU it compiles without LLVM's optimizations (placements are
-    decided before code is generated: `compiled.measure_options`)."""
+    decided before code is generated: `compiled_to_measure`)."""
     specs = arguments.traced_specs
     if placements(specs) is None:
         return None
     try:
-        compiled = lower(_jax_core.jaxpr_function(closed), specs).compile(measure_options())
+        compiled = compiled_to_measure(_jax_core.jaxpr_function(closed), specs)
         return list(compiled.output_shardings)
     except Exception:  # noqa: BLE001 - the step's own placements stand, as before
         return None
