@@ -6,17 +6,16 @@ with the device's `bytes_in_use` read after every dispatch (as a plan's
 first run reads it), beside the model's bytes in use at the same point.
 Prints the first step where they part by more than 64 KiB, with the steps
 before it, and writes the whole record (the line's requests, sizes,
-workspaces, both readings) as JSON under `--out`, so that the model can be
-compared with the device again without one.
+workspaces, both readings) as a line of JSON appended to `--out`, so that
+the model can be compared with the device again without one.
 
-    python benchmarks/allocator_trace.py --out /tmp/traces      # on a GPU
+    python benchmarks/allocator_trace.py --out /tmp/traces.jsonl      # on a GPU
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import os
 import subprocess
 import sys
 
@@ -90,16 +89,16 @@ def trace(case: str, out: str) -> None:
         computes = [r for r in records if r[0] == "c"]
         for i in range(max(0, part - 6), min(part + 3, len(real))):
             print(f"  {i}: {computes[i][1]} outputs {computes[i][3]} workspace {computes[i][4]}: device {real[i]} model {modelled[i]} (+{real[i] - modelled[i]})")
-    os.makedirs(out, exist_ok=True)
-    with open(os.path.join(out, f"{case}.json"), "w") as file:
+    with open(out, "a") as file:
         json.dump({"case": case, "budget": stats.budget_bytes, "sizes": line.sizes, "arguments": list(line.arguments),
                    "externals": list(line.externals), "steps": records, "device": real, "model": modelled,
                    "device_peak": stats.allocator_peak_bytes, "first_reading": first}, file)
+        file.write("\n")
 
 
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--out", default="/tmp/allocator_traces")
+    parser.add_argument("--out", default="/tmp/allocator_traces.jsonl")
     parser.add_argument("--cases", nargs="+", default=list(CASES), choices=list(CASES))
     parser.add_argument("--child")
     args = parser.parse_args(argv)

@@ -15,11 +15,15 @@
 #      install), on its CPU backend, beside
 #   6. allocator peaks of jdtr.grad's steps on the GPU (`device_peak.py`:
 #      memory only, so the tests beside it change nothing; 5 calls a process,
-#      so that the margin a plan learns from the allocator shows).
+#      so that the margin a plan learns from the allocator shows), then
+#   7. the device's allocator against jdtr's model of it, dispatch by
+#      dispatch (`allocator_trace.py`, memory only: its record comes back as
+#      traces.jsonl, to compare the model with without a device).
 # Each part has its own time limit, 530 s in all by default: with a machine's
 # start (about 35 s), one call fits a 15-minute lease. What it printed comes
 # back under $OUT even when it is cut short (the benchmarks print each row as
-# it is made), in seven files (the device tool brings back eight).
+# it is made), in eight files (the most the device tool brings back): the
+# slack benchmark's rows follow the chunk cap's in caps.txt.
 #
 #   bash benchmarks/gpu_check.sh            # in the device tool's `run`, timeout_s=550
 #   TIMES_S=180 PROFILE_S=60 CAPS_S=240 SLACK_S=120 SUITE_S=270 PEAKS_S=240 bash benchmarks/gpu_check.sh
@@ -29,12 +33,13 @@ mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"  # jdtr from this checkout (not installed there)
 PY=${PY:-python3}
-TIMES_S=${TIMES_S:-150}
+TIMES_S=${TIMES_S:-140}
 PROFILE_S=${PROFILE_S:-45}
-CAPS_S=${CAPS_S:-80}
-SLACK_S=${SLACK_S:-70}
+CAPS_S=${CAPS_S:-70}
+SLACK_S=${SLACK_S:-60}
 SUITE_S=${SUITE_S:-185}
-PEAKS_S=${PEAKS_S:-175}
+PEAKS_S=${PEAKS_S:-150}
+TRACE_S=${TRACE_S:-60}
 SUITE_ARGS=${SUITE_ARGS:-tests --ignore=tests/test_notebooks.py}
 
 {
@@ -56,8 +61,8 @@ timeout "$CAPS_S" $PY benchmarks/chunk_cost.py --models transformer resnet --rat
 echo "chunk_cost exit $?" >> "$OUT/caps.txt"
 
 # 4. What a chunk is worth, side by side, alone.
-timeout "$SLACK_S" $PY benchmarks/slack_benchmark.py --models transformer --ratios 0.5 --slacks 0.1 0.2 0.3 > "$OUT/slack.txt" 2>&1
-echo "slack_benchmark exit $?" >> "$OUT/slack.txt"
+timeout "$SLACK_S" $PY benchmarks/slack_benchmark.py --models transformer --ratios 0.5 --slacks 0.1 0.2 0.3 >> "$OUT/caps.txt" 2>&1
+echo "slack_benchmark exit $?" >> "$OUT/caps.txt"
 
 # 5. The suite on the CPU backend; SIGINT at the limit makes pytest print what failed so far.
 JAX_PLATFORMS=cpu timeout -s INT "$SUITE_S" $PY -m pytest -p no:cacheprovider -p no:benchmark -n "${SUITE_WORKERS:-12}" -v --tb=short -rf \
@@ -65,8 +70,11 @@ JAX_PLATFORMS=cpu timeout -s INT "$SUITE_S" $PY -m pytest -p no:cacheprovider -p
 suite=$!
 
 # 6. Allocator peaks (three processes side by side, each with its share of the device).
-timeout "$PEAKS_S" $PY benchmarks/device_peak.py --only eager --jobs 3 --calls "${PEAK_CALLS:-5}" ${PEAKS_ARGS:---models MLP+64 Transformer ResNet --eager-ratios 0.5 0.3} > "$OUT/peaks.txt" 2>&1
+timeout "$PEAKS_S" $PY benchmarks/device_peak.py --only eager --jobs 3 --calls "${PEAK_CALLS:-5}" ${PEAKS_ARGS:---models MLP+64 Transformer ResNet --eager-ratios 1.0 0.5 0.3} > "$OUT/peaks.txt" 2>&1
 echo "device_peak exit $?" >> "$OUT/peaks.txt"
+
+# 7. The allocator against its model (beside the suite too: memory only).
+timeout "$TRACE_S" $PY benchmarks/allocator_trace.py --out "$OUT/traces.jsonl" 2>&1 | grep -v Warning > "$OUT/traces.txt"
 
 wait $suite
 echo "suite exit $?" >> "$OUT/suite.log"
@@ -74,7 +82,7 @@ echo "suite exit $?" >> "$OUT/suite.log"
 tail -n 20 "$OUT/times.txt"
 grep -E "^##|exit" "$OUT/profile.txt"
 grep -E "^\||exit" "$OUT/caps.txt" | tail -n 25
-grep -E "^\||exit" "$OUT/slack.txt" | tail -n 9
 grep -E "^\(|exit" "$OUT/peaks.txt" | tail -n 30
+cat "$OUT/traces.txt"
 grep -E "^(FAILED|ERROR)" "$OUT/suite.log" | head -n 60
 tail -n 3 "$OUT/suite.log"

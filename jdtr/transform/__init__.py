@@ -33,7 +33,7 @@ from .program import Program as Program
 from .remat import plan as plan
 from .remat import remat_grad as remat_grad
 from .remat import remat_value_and_grad as remat_value_and_grad
-from .segments import SavePolicy as SavePolicy
+from .save_policy import SavePolicy as SavePolicy
 from .segments import Segment as Segment
 
 __all__ = [

@@ -73,13 +73,13 @@ from typing import Any, Callable, Iterable, Optional, Sequence
 import jax
 import jax.numpy as jnp
 from jax import lax
-from jax.ad_checkpoint import checkpoint_name
 from jax.custom_batching import custom_vmap
 
 from . import _jax_core
 from .anchoring import anchored, tie
 from .program import Equation, Program, Value
-from .segments import NAME_PREFIX, SavePolicy, Segment, is_float
+from .save_policy import NAME_PREFIX, SavePolicy, named
+from .segments import Segment, is_float
 
 
 # Random bits: XLA makes them (on the CPU, a loop of hash rounds) as soon as
@@ -147,7 +147,7 @@ def _run_items(
                 anchor.see(item.outputs, outs, item.args)
             for v, out in zip(item.outputs, outs):
                 if names is not None and v in names:
-                    out = checkpoint_name(out, NAME_PREFIX + str(v.id))
+                    out = named(out, NAME_PREFIX + str(v.id))
                 env[v] = out
         else:
             env_index = env[item.index]

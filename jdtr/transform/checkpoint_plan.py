@@ -16,7 +16,8 @@ from .autotune import Timing
 from .checkpoint import run_segments
 from .program import Equation, Program, Value, signature
 from .scans import KeptScan, ScanStrategy, body_decisions
-from .segments import NAME_PREFIX, SavePolicy, Segment
+from .save_policy import NAME_PREFIX, SavePolicy
+from .segments import Segment
 
 
 class PolicyWarning(UserWarning):

@@ -56,7 +56,8 @@ from .program import Program, Value
 from .scans import (
     STRATEGIES, KeptScan, ScanMemory, ScanStrategy, as_run, for_length, kept_scans, scan_memory, with_strategy,
 )
-from .segments import NAME_PREFIX, fixed_bytes
+from .save_policy import NAME_PREFIX, value_id as named_id
+from .segments import fixed_bytes
 
 
 IMPLEMENTATIONS = ("auto", "checkpoint", "protected")
@@ -109,7 +110,7 @@ def _backward_reads(forward: Program, vg: Program) -> dict[Value, Value]:
     gradient reads `one_minus_square` of the tanh's output, which the
     forward pass computes beside it). A plan that recomputes such a value
     recomputes it from the forward value it is made of, which counts as read."""
-    names = {int(k[len(NAME_PREFIX) :]): v for k, v in vg.names.items() if k.startswith(NAME_PREFIX)}
+    names = {named_id(k): v for k, v in vg.names.items() if k.startswith(NAME_PREFIX)}
     forward_values = {v.id: v for item in forward.body for v in item.outputs}
     named: dict[Value, list[Value]] = {}  # the forward values each stands for (several: equal scalars)
     for value_id, vg_value in names.items():

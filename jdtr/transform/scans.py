@@ -55,6 +55,7 @@ from ._jax_core import ScanLayout
 from .body_pieces import CutBody, cut_body
 from .normalize import MIN_KEPT_LENGTH
 from .program import Const, Equation, Program, signature
+from .save_policy import DOTS, EVERYTHING
 from .segmented_scan import segmented_scan
 
 
@@ -80,8 +81,8 @@ class ScanStrategy:
     def policy(self):
         """The `jax.checkpoint` policy of one iteration's body."""
         return {
-            "all": jax.checkpoint_policies.everything_saveable,
-            "dots": jax.checkpoint_policies.dots_with_no_batch_dims_saveable,
+            "all": EVERYTHING,  # (but complex values: `save_policy`)
+            "dots": DOTS,
             "carry": jax.checkpoint_policies.nothing_saveable,
             # (no policy on the body cuts it: applied there, it saves the carry)
             "pieces": jax.checkpoint_policies.nothing_saveable,

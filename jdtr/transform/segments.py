@@ -19,42 +19,17 @@ from typing import Callable, Mapping, Optional, Sequence
 import jax.numpy as jnp
 import numpy as np
 
-from .program import Equation, Program, Value, definitions, last_reads, signature
+from .program import Equation, Program, Value, definitions, last_reads
+from .save_policy import NAME_PREFIX, SavePolicy
 from .scans import ScanMemory
 
 
-NAME_PREFIX = "jdtr:"
 # Groups nested to the left (`_nest_left`) hold at most this many leaves: a
 # group recomputes its leaves quadratically often, and its depth (one level
 # per leaf) is traced and compiled as nested checkpoints. 16: a 16-layer MLP
 # whose arguments and gradients take 9 of `jax.grad`'s 26 MiB comes to half
 # of them only in groups of 14 layers or more (13 MiB; groups of 8 take 14).
 LEFT_NESTED_MAX = 16
-
-# --------------------------------------------------------------------- policy
-
-
-@dataclass(frozen=True)
-class SavePolicy:
-    """A `jax.checkpoint` policy: save the values named in `names`.
-
-    Frozen and hashable, so it can be passed to `jax.checkpoint`,
-    `flax.nnx.remat` and `flax.linen.remat`. `signatures` additionally saves
-    outputs of a primitive with given input shapes and dtypes: this is how a
-    plan's decisions carry over to code that does not use jdtr's names (for
-    example a Flax module wrapped in `nnx.remat(..., policy=plan.policy)`).
-    """
-
-    names: frozenset[str] = frozenset()
-    signatures: frozenset[tuple] = frozenset()
-
-    def __call__(self, prim, *avals, **params) -> bool:
-        if prim.name == "name":
-            return params.get("name") in self.names
-        if self.signatures:
-            return signature(prim.name, avals) in self.signatures
-        return False
-
 
 # ------------------------------------------------------------------- the plan
 
