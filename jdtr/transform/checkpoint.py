@@ -77,7 +77,7 @@ from jax.custom_batching import custom_vmap
 
 from . import _jax_core
 from .anchoring import anchored, tie
-from .program import Equation, Program, Value
+from .program import Cond, Equation, Program, Value
 from .save_policy import NAME_PREFIX, SavePolicy, named
 from .segments import Segment, is_float
 
@@ -123,7 +123,8 @@ class _Anchor:
 
 
 def _run_items(
-    items: Sequence, env: dict, names: Optional[set] = None, taint: Any = None, anchor: Optional[_Anchor] = None
+    items: Sequence, env: dict, names: Optional[set] = None, taint: Any = None, anchor: Optional[_Anchor] = None,
+    carriers: Optional[set] = None,
 ) -> None:
     """Evaluates program items on traced values; names the outputs in `names`.
 
@@ -136,6 +137,8 @@ def _run_items(
     for item in items:
         if isinstance(item, Equation):
             args = [env[v] for v in item.args]
+            if carriers is not None and not any(isinstance(v, Value) and v in carriers for v in item.args):
+                args = [lax.stop_gradient(a) if is_float(v) else a for v, a in zip(item.args, args)]  # `tangent_carriers`
             if taint is not None:
                 if not any(v in recomputed for v in item.args):
                     _add_taint(args, taint)
@@ -161,10 +164,14 @@ def _run_items(
 
 
 def _add_taint(args: list, taint: Any) -> None:
+    """Adds the taint to the smallest float operand, as data alone: through
+    `stop_gradient`, so that it gives no operand a derivative it had not (a
+    `while_loop` on `stop_gradient` of the weights, a spectral norm's power
+    iteration, cannot be differentiated: tainted, it failed to trace)."""
     floats = [i for i, a in enumerate(args) if jnp.issubdtype(a.dtype, jnp.inexact)]
     if floats:
         i = min(floats, key=lambda i: args[i].size)
-        args[i] = args[i] + taint.astype(args[i].dtype)
+        args[i] = args[i] + lax.stop_gradient(taint).astype(args[i].dtype)
 
 
 def _run_branch(branch: Program, *operands):
@@ -223,20 +230,23 @@ def makes_random_bits(program: Program) -> bool:
 
 def run_segments(
     program: Program, segments: Sequence[Segment], leaves: Sequence[Any], implementation: str, gate: str = "auto",
-    tied: bool = False,
+    tied: bool = False, differentiated: Optional[Sequence[bool]] = None,
 ):
     """Evaluates the forward program segment by segment, each in its own
     checkpoint (protected ones gated by `gate`, one of `GATES`); with
-    `tied`, random bits tied to the value made before them (`_Anchor`)."""
+    `tied`, random bits tied to the value made before them (`_Anchor`).
+    `differentiated` says, per input, whether it is differentiated (None:
+    all may be)."""
     implementation = "protected" if protects(implementation) else "checkpoint"
     env = dict(zip(program.inputs, leaves))
     consts = dict(program.consts)
     env.update(consts)
     done = 0  # equations outside every segment run as they are (all of them in a plan without remat)
     anchor = _Anchor(consts) if tied else None
+    carriers = tangent_carriers(program, differentiated)
     for seg in segments:
         _run_items(program.body[done : seg.start], env, anchor=anchor)
-        _run_segment(program, seg, env, consts, implementation, gate, tied=tied)
+        _run_segment(program, seg, env, consts, implementation, gate, tied=tied, carriers=carriers)
         if anchor is not None:
             anchor.see(seg.outputs, [env[v] for v in seg.outputs])
         done = seg.stop
@@ -244,16 +254,40 @@ def run_segments(
     return [env[a] if isinstance(a, Value) else jnp.asarray(a.value) for a in program.outputs]
 
 
+def tangent_carriers(program: Program, differentiated: Optional[Sequence[bool]]) -> set:
+    """The values of `program` that may carry a derivative: those computed
+    from a differentiated input other than through `stop_gradient`.
+
+    A segment's inputs enter its checkpoint as arguments JAX differentiates
+    (a protected segment's `custom_vjp` gives every float input a tangent),
+    so a value whose derivative the program makes zero would lose that
+    there: the `while_loop` of a spectral norm's power iteration, run on
+    `stop_gradient` of the weights in one segment and read in the next,
+    failed ("Reverse-mode differentiation does not work for
+    lax.while_loop"), and a non-differentiated input read by one failed the
+    same way. The others enter through `stop_gradient` (`_run_segment`)."""
+    flags = [True] * len(program.inputs) if differentiated is None else differentiated
+    carriers = {v for v, d in zip(program.inputs, flags) if d}
+    for item in program.body:
+        reads = item.operands if isinstance(item, Cond) else item.args
+        if not (isinstance(item, Equation) and item.name == "stop_gradient"):
+            if any(isinstance(a, Value) and a in carriers for a in reads):
+                carriers.update(item.outputs)
+    return carriers
+
+
 def _run_segment(
     program: Program, seg: Segment, env: dict, consts: dict, implementation: str, gate: str, taint: Any = None,
-    tied: bool = False,
+    tied: bool = False, carriers: Optional[set] = None,
 ) -> None:
     """Runs `seg` in its own checkpoint (its children nested inside); adds its outputs to `env`.
 
     Every input is an explicit argument: a nested segment's backward pass is
     traced after its parent's trace has ended, so it must not close over the
     parent's values (only over the program's constants). So is the taint of
-    a segment gated by "select", which its children take from it."""
+    a segment gated by "select", which its children take from it. An input
+    that carries no derivative (`tangent_carriers`) enters through
+    `stop_gradient`, as JAX sees it outside the checkpoint."""
     inputs = [v for v in seg.inputs if v not in consts]
     selected = implementation == "protected" and (
         taint is not None
@@ -267,17 +301,17 @@ def _run_segment(
         local = {**consts, **dict(zip(inputs, xs))}
         if seg.children:
             for child in seg.children:
-                _run_segment(program, child, local, consts, implementation, gate, own, tied)
+                _run_segment(program, child, local, consts, implementation, gate, own, tied, carriers)
         else:
             anchor = None
             if tied:
                 ordered = sorted(inputs, key=lambda v: v.id)  # values are numbered in program order
                 anchor = _Anchor(consts)
                 anchor.see(ordered, [local[v] for v in ordered])
-            _run_items(program.body[seg.start : seg.stop], local, set(seg.saved), own, anchor)
+            _run_items(program.body[seg.start : seg.stop], local, set(seg.saved), own, anchor, carriers)
         return [local[v] for v in seg.outputs]
 
-    args = [env[v] for v in inputs]
+    args = [env[v] if carriers is None or v in carriers or not is_float(v) else lax.stop_gradient(env[v]) for v in inputs]
     floats = [is_float(v) for v in inputs]
     if selected:
         args, floats = [jnp.zeros((), jnp.float32) if taint is None else taint, *args], [True, *floats]

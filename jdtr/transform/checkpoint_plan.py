@@ -181,20 +181,28 @@ class Plan:
 
     def forward(self, *args, **kwargs):
         """The user's function, run through the plan's checkpoint segments."""
+        return self._forward(None, *args, **kwargs)
+
+    def _forward(self, differentiated, *args, **kwargs):
+        """`forward`, its leaves differentiated as `differentiated` says (None: any may be)."""
         if self.function is not None and not self.segments:  # no remat: the very step `jax.grad` compiles
             return self.function(*args, **kwargs)
         config = self._config
         leaves = config.traced_leaves(args, kwargs)
-        outs = run_segments(self.program, self.segments, leaves, config.implementation, self.gate, self.tied)
+        outs = run_segments(self.program, self.segments, leaves, config.implementation, self.gate, self.tied, differentiated)
         return config.unflatten_outputs(outs)
+
+    def _differentiated_forward(self):
+        positions = set(self._config.arguments.traced_argnums)
+        return functools.partial(self._forward, [i in positions for i in range(len(self.program.inputs))])
 
     def value_and_grad(self, *args, **kwargs):
         config = self._config
-        return jax.value_and_grad(self.forward, config.argnums, config.has_aux)(*args, **kwargs)
+        return jax.value_and_grad(self._differentiated_forward(), config.argnums, config.has_aux)(*args, **kwargs)
 
     def grad(self, *args, **kwargs):
         config = self._config
-        return jax.grad(self.forward, config.argnums, config.has_aux)(*args, **kwargs)
+        return jax.grad(self._differentiated_forward(), config.argnums, config.has_aux)(*args, **kwargs)
 
     # --------------------------------------------------------------- reading
 

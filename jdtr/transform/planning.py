@@ -519,7 +519,8 @@ def _grad_of(plan: Plan, config: Config, traced):
     positions = config.arguments.traced_argnums
 
     def f(*leaves):
-        outs = run_segments(plan.program, plan.segments, leaves, config.implementation, plan.gate, plan.tied)
+        differentiated = [i in positions for i in range(len(leaves))]
+        outs = run_segments(plan.program, plan.segments, leaves, config.implementation, plan.gate, plan.tied, differentiated)
         return (outs[0], outs[1:]) if config.has_aux else outs[0]
 
     return jax.grad(f, positions, has_aux=config.has_aux)(*traced)
