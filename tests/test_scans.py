@@ -457,3 +457,31 @@ def test_the_unrolled_fallback_compiles_no_left_nesting_and_the_suggestion_stand
     plan = jdtr.plan(m.loss, m.params, m.batch, budget=suggested, autotune=False)
     assert plan.compiled_bytes <= suggested and plan.scans
     assert_trees_close(jax.jit(plan.grad)(m.params, m.batch), jax.grad(m.loss)(m.params, m.batch), rtol=1e-5, atol=1e-6)
+
+
+def test_nested_reversed_scans_unrolled_give_jax_grads():
+    """A scan over blocks of layers, each a scan (unrolled by 2) over its
+    layers, the outer one reversed: planned below the peak, where a strategy
+    unrolls them, the outer gradient's rows are the inner scans' stacked
+    rows. Before, such a row, still a lazy stack, was taken for a constant
+    (`TypeError: ... numpy.ndarray ... passed to stage`)."""
+    ws = jax.random.normal(jax.random.PRNGKey(0), (12, 32, 32)) * 0.2
+    x = jax.random.normal(jax.random.PRNGKey(1), (64, 32))
+
+    def loss(ws, x):
+        def inner(h, w):
+            return jnp.tanh(h @ w), None
+
+        def outer(h, block):
+            h, _ = jax.lax.scan(inner, h, block, unroll=2)
+            return h, jnp.sum(h)
+
+        h, sums = jax.lax.scan(outer, x, ws.reshape(4, 3, 32, 32), reverse=True)
+        return jnp.mean(h**2) + jnp.mean(sums)
+
+    expected = jax.grad(loss)(ws, x)
+    f = jdtr.grad(loss, budget=0.5, return_stats=True)
+    for _ in range(2):  # step by step, then in chunks
+        grads, stats = f(ws, x)
+        np.testing.assert_allclose(np.asarray(grads), np.asarray(expected), rtol=1e-4, atol=1e-6)
+        assert stats.peak_bytes <= stats.budget_bytes

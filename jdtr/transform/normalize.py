@@ -234,7 +234,8 @@ class _Normalizer:
 
     def materialize(self, body: list[Item], stack: _Stack) -> Value:
         if not stack.materialized:
-            items = [self.materialize_atom(body, a) for a in stack.items]
+            # (an item may be a stack itself: the rows of a nested scan's gradient, unrolled)
+            items = [self.materialize(body, a) if isinstance(a, _Stack) else self.materialize_atom(body, a) for a in stack.items]
             n, aval = len(items), stack.value
             key = ("jdtr.stack", n, aval.shape, str(aval.dtype))
             made = self.emit_fn(body, "stack", key, lambda *xs: jnp.stack(xs), items, jax.ShapeDtypeStruct(aval.shape, aval.dtype))
