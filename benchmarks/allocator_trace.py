@@ -32,7 +32,7 @@ def trace(case: str, out: str) -> None:
 
     import jdtr
     from jdtr import models
-    from jdtr.offline.bfc import BestFitAllocator
+    from jdtr.offline.bfc import allocator_peak
     from jdtr.offline.straightline import Compute, Free
     from jdtr.transform import allocator
 
@@ -65,25 +65,19 @@ def trace(case: str, out: str) -> None:
     plan = next(iter(traced.plans.values()))
     line = plan.line
     # The model, read at the same points: after each computation's dispatch.
-    model = BestFitAllocator()
-    blocks = {slot: model.allocate(line.sizes[slot]) for slot in (*line.arguments, *line.externals)}
-    modelled, records = [], []
-    for step in line.steps:
-        if type(step) is Compute:
-            for slot in sorted(step.outputs, key=lambda slot: -line.sizes[slot]):
-                blocks[slot] = model.allocate(line.sizes[slot])
-            model.free(model.allocate(step.workspace))
-            modelled.append(model.bytes_in_use)
-            records.append(["c", getattr(step.payload, "name", "?"), list(step.outputs), [line.sizes[s] for s in step.outputs], step.workspace])
-        elif type(step) is Free:
-            model.free(blocks.pop(step.slot))
-            records.append(["f", step.slot])
+    modelled: list[int] = []
+    model_peak = allocator_peak(line, modelled)
+    records = [
+        ["c", getattr(step.payload, "name", "?"), list(step.outputs), [line.sizes[s] for s in step.outputs], step.workspace]
+        if type(step) is Compute else ["f", step.slot]
+        for step in line.steps if type(step) in (Compute, Free)
+    ]
     first = readings[0] if readings else None  # read before the run: the arguments and constants
     real = readings[1:]
     held = sum(line.sizes[s] for s in (*line.arguments, *line.externals))
     part = next((i for i, (r, mo) in enumerate(zip(real, modelled)) if abs(r - mo) > 65536), None)
     print(f"{case}: budget {stats.budget_bytes}, count peak {stats.peak_bytes}, device peak {stats.allocator_peak_bytes}, "
-          f"model peak {model.peak_bytes}, held {held}, first reading {first}, {len(real)} readings / {len(modelled)} computations, "
+          f"model peak {model_peak}, held {held}, first reading {first}, {len(real)} readings / {len(modelled)} computations, "
           f"first parting at computation {part}")
     if part is not None:
         computes = [r for r in records if r[0] == "c"]

@@ -112,9 +112,10 @@ class BestFitAllocator:
             self._prev[after] = first
 
 
-def allocator_peak(line: StraightLine) -> int:
+def allocator_peak(line: StraightLine, in_use: Optional[list] = None) -> int:
     """The most bytes XLA's allocator would hold for `line`'s run, step by
-    step (one dispatch per computation), arguments and constants included."""
+    step (one dispatch per computation), arguments and constants included;
+    the bytes in use after each computation appended to `in_use`, if given."""
     allocator = BestFitAllocator()
     blocks = {slot: allocator.allocate(line.sizes[slot]) for slot in (*line.arguments, *line.externals)}
     for step in line.steps:
@@ -122,6 +123,8 @@ def allocator_peak(line: StraightLine) -> int:
             for slot in sorted(step.outputs, key=lambda slot: -line.sizes[slot]):  # XLA's order: the largest first
                 blocks[slot] = allocator.allocate(line.sizes[slot])
             allocator.free(allocator.allocate(step.workspace))  # XLA's temporaries, while it runs
+            if in_use is not None:
+                in_use.append(allocator.bytes_in_use)
         elif type(step) is Free:
             allocator.free(blocks.pop(step.slot))
     return allocator.peak_bytes

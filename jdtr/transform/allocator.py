@@ -37,7 +37,7 @@ import jax
 
 from ..offline.bfc import allocator_peak
 from ..runtime import format_bytes
-from . import _jax_core
+from .devices import run_devices
 
 # Plans made again for the allocator's model before a first run, at most.
 FORESIGHTS = 4
@@ -49,15 +49,8 @@ def allocator_bytes(inputs: Sequence[Any], held: int) -> Optional[Callable[[], i
     `held` (arguments, constants: on the device before the run, per device)
     plus what it has allocated since, on the device that allocated most.
     None where a device reports nothing."""
-    # Where the operators run: the committed arguments' devices (all are on
-    # one, or one mesh's, `arguments._check_device`), else where JAX puts uncommitted work.
-    committed = [a for a in inputs if _jax_core.is_array(a) and getattr(a, "committed", False)]
-    if committed:
-        devices = list(committed[0].sharding.device_set)
-    else:
-        devices = [_jax_core.default_device()]
     # On a mesh over several processes, each reads its own devices (another's cannot be asked).
-    devices = [d for d in devices if d.process_index == jax.process_index()]
+    devices = [d for d in run_devices(inputs) if d.process_index == jax.process_index()]
     try:
         starts = [device.memory_stats() for device in devices]
     except RuntimeError:  # a device that cannot say (XLA's error is a RuntimeError)
@@ -75,9 +68,8 @@ def modelled_allocator(inputs: Sequence[Any]) -> bool:
     (`XLA_PYTHON_CLIENT_ALLOCATOR=platform` or `cuda_async`)."""
     if os.environ.get("XLA_PYTHON_CLIENT_ALLOCATOR", "default") not in ("default", "bfc"):
         return False
-    committed = next((a for a in inputs if _jax_core.is_array(a) and getattr(a, "committed", False)), None)
-    devices = committed.sharding.device_set if committed is not None else {_jax_core.default_device()}
-    return len(devices) == 1 and next(iter(devices)).platform == "gpu"
+    devices = run_devices(inputs)
+    return len(devices) == 1 and devices[0].platform == "gpu"
 
 
 class AllocatorWarning(UserWarning):

@@ -32,6 +32,14 @@ import numpy as np
 from . import _jax_core
 
 
+def run_devices(inputs: Sequence[Any]) -> list:
+    """The devices a run on `inputs` is placed on: the committed arguments'
+    (all on one device, or one mesh's: `arguments._check_device`), else
+    where JAX puts uncommitted work."""
+    committed = next((a for a in inputs if _jax_core.is_array(a) and getattr(a, "committed", False)), None)
+    return list(committed.sharding.device_set) if committed is not None else [_jax_core.default_device()]
+
+
 def is_sharded(specs: Sequence) -> bool:
     """Whether any spec is placed on more than one device."""
     return any(_devices(getattr(s, "sharding", None)) > 1 for s in specs)

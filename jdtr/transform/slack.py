@@ -33,10 +33,9 @@ import time
 from dataclasses import dataclass
 from typing import Any, Optional, Sequence
 
-import jax
-
 from .chunks import count
 from .costs import MEASURED, XLA, nanoseconds
+from .devices import run_devices
 from .planner import OPTIMAL, PlannedRun, plans_below, refine
 from .program import Program
 
@@ -81,9 +80,7 @@ ACCELERATOR = AcceleratorPrice()
 def chunk_seconds(inputs: Sequence[Any], cost_model: Any) -> float:
     """What a chunk costs the host beyond the average equation, in
     `cost_model`'s seconds, on the platform of `inputs`: 0 on the CPU."""
-    array = next((x for x in inputs if isinstance(x, jax.Array)), None)
-    platform = next(iter(array.sharding.device_set)).platform if array is not None else jax.default_backend()
-    return 0.0 if platform == "cpu" else ACCELERATOR.seconds(cost_model)
+    return 0.0 if run_devices(inputs)[0].platform == "cpu" else ACCELERATOR.seconds(cost_model)
 
 
 def settle(
