@@ -129,13 +129,24 @@ def _batched(remat: Any, arguments: Arguments, per_example: Callable, axis_size:
         (_, (values, aux)), grads = batched.plan.value_and_grad(*_copies(xs, in_batched, diff, axis_size))
         return result((values, aux) if remat.has_aux else values, grads)
 
+    def step(plan: Optional[BatchedPlan], xs) -> Any:
+        if plan is None:  # `vmap(jax.grad)` itself fits
+            return jax.vmap(lambda *x: _per_example(remat, arguments, per_example, x), in_axes=unbatched)(*xs)
+        return run(plan, xs)
+
     key = ("vmap", arguments.key, axis_size, tuple(in_batched))
     if key not in remat.plans:
         remat.plans[key] = _plan_batched(remat, total, run, per_example, diff, axis_size, in_batched, xs)
     plan = remat.plans[key]
-    if plan is None:  # `vmap(jax.grad)` itself fits
-        return jax.vmap(lambda *x: _per_example(remat, arguments, per_example, x), in_axes=unbatched)(*xs)
-    return run(plan, xs)
+    if any(_jax_core.is_tracer(x) for x in xs):  # under jit or another transformation: the caller's trace compiles it
+        return step(plan, xs)
+    # A `vmap` called on arrays: the batched step compiled, as `remat_grad` runs its step on arrays.
+    # Run operation by operation, its memory and speed were not the plan's, and on JAX 0.7 JAX's own
+    # eager evaluation of a checkpoint's pullback failed (`add_any` of a literal: a KeyError).
+    jitted = remat.steps.get(key)
+    if jitted is None:
+        jitted = remat.steps[key] = jax.jit(lambda *ys: step(plan, ys))
+    return jitted(*xs)
 
 
 def _copies(xs: Sequence, in_batched: Sequence[bool], diff: Sequence[int], axis_size: int) -> list:
