@@ -84,7 +84,8 @@ class _RematGrad:
         # per argument structure a Plan; under `vmap`, per batch ("vmap", ...),
         # a `batched.BatchedPlan`, or None where `vmap(jax.grad)` fits
         self.plans: dict[Hashable, Optional[Union[Plan, BatchedPlan]]] = {}
-        self.steps: dict[Hashable, Callable] = {}  # per argument structure, the plan's step under jit (eager calls)
+        # per argument structure (and batch, under `vmap`), the step under jit, for eager calls
+        self.steps: dict[Hashable, Callable] = {}
         functools.update_wrapper(self, fun)
 
     def plan_for(self, *args, **kwargs) -> Plan:
