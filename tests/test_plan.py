@@ -675,6 +675,48 @@ def test_custom_derivatives_keep_their_rules_in_a_plan(budget):
     assert_trees_close(jdtr.remat_grad(loss, budget=budget, autotune=False)(params, x), expected, rtol=1e-5, atol=1e-9)
 
 
+@jax.custom_vjp
+def _weighted_by_table(table, x):
+    return x * jnp.sum(table)
+
+
+def _weighted_by_table_bwd(residuals, g):
+    table, _ = residuals
+    # Reads the residual `table` at a traced index, as `odeint`'s backward
+    # pass reads its time points: a NumPy array there cannot be indexed so.
+    total = jax.lax.scan(lambda c, i: (c + table[i], None), jnp.zeros(()), jnp.arange(table.shape[0]))[0]
+    return None, g * total
+
+
+_weighted_by_table.defvjp(lambda table, x: (_weighted_by_table(table, x), (table, x)), _weighted_by_table_bwd)
+
+
+@pytest.mark.parametrize("budget", [1.0, 0.5])
+def test_a_custom_vjp_whose_backward_pass_indexes_a_constant_residual(budget):
+    """A constant made inside a `jit` (`jnp.array([...])`, a literal of the
+    program once the `jit` is inlined) reaches a `custom_vjp`'s backward
+    pass as a residual, which indexes it with a traced index. Planning
+    raised `TracerArrayConversionError` (seen with `jax.experimental.ode`)."""
+
+    @jax.jit
+    def layer(w, x):
+        return _weighted_by_table(jnp.array([0.25, 0.5, 0.125]), jnp.tanh(x @ w))
+
+    def loss(params, x):
+        for w in params:
+            x = layer(w, x)
+        return jnp.mean(x**2)
+
+    keys = jax.random.split(jax.random.PRNGKey(0), 13)
+    params = [jax.random.normal(k, (64, 64)) / 8 for k in keys[:12]]
+    x = jax.random.normal(keys[-1], (2048, 64))
+    expected = jax.grad(loss)(params, x)
+    plan = jdtr.plan(loss, params, x, budget=budget, autotune=False)
+    assert (plan.origin == "none") == (budget == 1.0)
+    assert_trees_close(jax.jit(plan.grad)(params, x), expected, rtol=1e-5, atol=1e-9)
+    assert_trees_close(jdtr.remat_grad(loss, budget=budget)(params, x), expected, rtol=1e-5, atol=1e-9)
+
+
 def test_a_plan_without_remat_is_jax_grads_own_step():
     """Where `jax.grad`'s step fits, the plan runs the user's function as it
     is: the very program measured as the unconstrained step (jdtr's

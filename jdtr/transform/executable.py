@@ -147,6 +147,14 @@ def binder(eqn: "_jax_core.JaxprEqn", inputs: Sequence[Any]) -> Callable[[Sequen
     subfuns, params = _jax_core.bind_params(eqn)
     slots = tuple(None if not isinstance(a, Const) else a.value for a in inputs)
     is_const = tuple(isinstance(a, Const) for a in inputs)
+    # A custom derivative's rules are Python functions that get these values
+    # as they are: a NumPy constant (a literal once its `jit` is inlined)
+    # reaching a `custom_vjp`'s residuals fails when the backward pass
+    # indexes it with a traced index (`jax.experimental.ode.odeint`'s does).
+    # JAX's own trace would have made it an array; so does bind, below.
+    as_array = primitive.name in _jax_core.CUSTOM_DERIVATIVES and any(
+        const and _host_array(slot) for slot, const in zip(slots, is_const)
+    )
     ctx = eqn.ctx
     multiple = primitive.multiple_results
     # Pullbacks that XLA expands expensively (a pool's select-and-scatter on
@@ -161,11 +169,25 @@ def binder(eqn: "_jax_core.JaxprEqn", inputs: Sequence[Any]) -> Callable[[Sequen
     def bind(args: Sequence[Any]) -> Any:
         it = iter(args)
         full = [slot if const else next(it) for slot, const in zip(slots, is_const)]
+        if as_array:
+            full = [_as_array(x) for x in full]
         with ctx.manager:
             out = rewritten(*full) if rewritten is not None else primitive.bind(*subfuns, *full, **params)
         return list(out) if multiple else out
 
     return bind
+
+
+def _host_array(value: Any) -> bool:
+    """Whether `value` is an array on the host that is not a scalar: a NumPy
+    array, or JAX's literal of one (a class of its own before JAX 0.8)."""
+    return not isinstance(value, jax.Array) and len(getattr(value, "shape", ())) > 0
+
+
+def _as_array(value: Any) -> Any:
+    """`value` as a JAX value of the same type where it is `_host_array`:
+    under a trace, a constant of the traced program."""
+    return jax.numpy.asarray(np.asarray(value), dtype=value.dtype) if _host_array(value) else value
 
 
 def bound_key(tag: Hashable, eqn: "_jax_core.JaxprEqn", operands: Hashable) -> Hashable:
