@@ -421,9 +421,8 @@ def test_static_python_arguments_select_structure():
     assert stats.cache_hit
 
 
-def test_holomorphic_and_allow_int_as_in_jax_grad():
-    """`holomorphic=` is `jax.grad`'s; `allow_int=True` is refused with what
-    to do instead (its float0 gradients are made on the host, not run)."""
+def test_holomorphic_as_in_jax_grad():
+    """`holomorphic=` is `jax.grad`'s."""
 
     def f(z, w):
         for _ in range(4):
@@ -444,8 +443,50 @@ def test_holomorphic_and_allow_int_as_in_jax_grad():
     with pytest.raises(TypeError, match="holomorphic"):  # as jax.grad says it
         jdtr.grad(f)(z, w)
     assert jdtr.grad(f, allow_int=False, budget=0.9)(z.real, w.real).shape == (64, 8)
-    with pytest.raises(NotImplementedError, match="argnums"):
-        jdtr.grad(f, allow_int=True)
+
+
+def _assert_as_jax_gives_them(got, expected):
+    """Equal trees: the same structure, dtypes (`float0` included) and values."""
+    assert jax.tree.structure(got) == jax.tree.structure(expected)
+    for a, e in zip(jax.tree.leaves(got), jax.tree.leaves(expected)):
+        assert (a.dtype, a.shape) == (e.dtype, e.shape)
+        if e.dtype != jax.dtypes.float0:
+            np.testing.assert_allclose(np.asarray(a), np.asarray(e), rtol=1e-5, atol=1e-7)
+
+
+def test_allow_int_gives_float0_gradients_as_jax_grad():
+    """`allow_int=True`, which `jax.grad`'s error for an integer input
+    suggests, is taken by `jdtr.grad`, `jdtr.value_and_grad` and the compiled
+    path (under `jit` and `vmap` too): integer and boolean leaves of the
+    differentiated arguments (a step count, a mask, an integer argument) get
+    `float0` zeros, the others their gradient, within the budget. (It raised
+    `NotImplementedError`; `remat_grad` had no such argument.)"""
+    keys = jax.random.split(jax.random.PRNGKey(0), 9)
+    params = {"w": [jax.random.normal(k, (64, 64)) / 8 for k in keys[:8]], "step": jnp.int32(3), "mask": jnp.arange(64) % 5 > 0}
+    x = jax.random.normal(keys[-1], (1024, 64))
+
+    def loss(params, x, scale):
+        for w in params["w"]:
+            x = jnp.tanh(x @ w) * params["mask"]
+        return jnp.mean(x**2) * params["step"] * scale, {"step": params["step"]}
+
+    for argnums in (0, (0, 2)):
+        expected = jax.value_and_grad(loss, argnums, has_aux=True, allow_int=True)(params, x, 2)
+        run = jdtr.value_and_grad(loss, argnums, has_aux=True, allow_int=True, budget=0.5, return_stats=True)
+        for call in range(2):
+            got, stats = run(params, x, 2)
+            _assert_as_jax_gives_them(got, expected)
+            assert stats.peak_bytes <= stats.budget_bytes and stats.evictions > 0
+            assert stats.cache_hit == (call == 1)  # one trace for the structure
+        got = jdtr.grad(loss, argnums, has_aux=True, allow_int=True, budget=0.5)(params, x, 2)
+        _assert_as_jax_gives_them(got, (expected[1], expected[0][1]))
+        step = jdtr.remat_value_and_grad(loss, argnums, has_aux=True, allow_int=True, budget=0.5, autotune=False)
+        _assert_as_jax_gives_them(step(params, x, 2), expected)
+        _assert_as_jax_gives_them(jax.jit(step, static_argnums=2)(params, x, 2), expected)
+    per_example = jax.vmap(jdtr.remat_grad(lambda p, x: loss(p, x, 1)[0], allow_int=True, budget=1.0), in_axes=(None, 0))
+    xs = x.reshape(4, 256, 64)
+    expected = jax.vmap(jax.grad(lambda p, x: loss(p, x, 1)[0], allow_int=True), in_axes=(None, 0))(params, xs)
+    _assert_as_jax_gives_them(jax.jit(per_example)(params, xs), expected)
 
 
 def test_aux_values_come_back_as_jax_returns_them():

@@ -67,6 +67,7 @@ from .arguments import Static, argnums_tuple, flatten_arguments
 from .executor import Execution, chunks_for, compiles, renting, run_device, serial_dispatch
 from .allocator import AllocatorGuard, allocator_bytes
 from .interpreter import Interpreter, JaxBackend, LiveArrayCheck
+from .int_inputs import IntInputs
 from .lowering import recording, simulation
 from .caches import Traced, trace_cache
 from .scan_variants import first_plan
@@ -374,13 +375,10 @@ def _make(
 ):
     if not callable(fun):
         raise TypeError(f"expected a callable to differentiate; got {fun!r}")
-    if allow_int:
-        # JAX's gradient of an integer input is a float0 array made on the
-        # host, not an operation jdtr's runtime or XLA can run.
-        raise NotImplementedError(
-            "jdtr does not differentiate integer inputs (allow_int=True): leave them out of `argnums` "
-            "(their gradient would be float0 zeros), or convert them to a float dtype"
-        )
+    if allow_int:  # integer leaves leave the differentiated arguments (`int_inputs.py`)
+        options = (has_aux, budget, heuristic, dealloc, cost_model, return_stats, debug, timeline, value, log, mode, chunks)
+        make = lambda f, nums: _make(f, nums, *options, holomorphic, False, scans)  # noqa: E731
+        return IntInputs(fun, argnums, make(fun, argnums), make, value, has_aux, extra=return_stats)
     if dealloc not in DEALLOC_POLICIES:
         raise ValueError(f"unknown dealloc policy {dealloc!r}; expected one of {DEALLOC_POLICIES}")
     if mode not in MODES:
@@ -438,8 +436,8 @@ def value_and_grad(
       argnums: which positional argument(s) to differentiate.
       has_aux: whether `fun` returns `(value, aux)`.
       holomorphic: as in `jax.grad`: `fun` is holomorphic in complex inputs.
-      allow_int: must be False: jdtr does not differentiate integer inputs
-        (NotImplementedError; leave them out of `argnums`).
+      allow_int: as in `jax.grad`: integer and boolean leaves of the
+        differentiated arguments get `float0` zeros as their gradient.
       budget: bytes (int), a size string ("512MiB", "2GB") or a fraction in
         (0, 1] of the computation's unconstrained peak (or a percentage of
         it, "50%"). It bounds every byte
