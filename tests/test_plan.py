@@ -717,6 +717,38 @@ def test_a_custom_vjp_whose_backward_pass_indexes_a_constant_residual(budget):
     assert_trees_close(jdtr.remat_grad(loss, budget=budget, autotune=False)(params, x), expected, rtol=1e-5, atol=1e-9)
 
 
+def test_holomorphic_on_the_compiled_path_as_in_jax_grad():
+    """`holomorphic=True` in `remat_grad` and `remat_value_and_grad` (it was
+    no argument of theirs): `jax.grad`'s derivative of a holomorphic loss,
+    from a step within the budget, under `jit` and `vmap`; the dtypes
+    checked as `jax.grad` checks them."""
+
+    def f(z, w):
+        for _ in range(16):
+            z = jnp.tanh(z @ w)
+        return jnp.sum(z**2)
+
+    k = jax.random.split(jax.random.PRNGKey(0), 4)
+    z = ((jax.random.normal(k[0], (2048, 32)) + 1j * jax.random.normal(k[1], (2048, 32))) * 0.3).astype(jnp.complex64)
+    w = ((jax.random.normal(k[2], (32, 32)) + 1j * jax.random.normal(k[3], (32, 32))) * 0.1).astype(jnp.complex64)
+    plain = jax.grad(f, (0, 1), holomorphic=True)
+    step = jdtr.remat_grad(f, (0, 1), holomorphic=True, budget=0.5, autotune=False)
+    assert compiled_total(step, z, w) <= 0.5 * compiled_total(plain, z, w)
+    assert_trees_close(jax.jit(step)(z, w), plain(z, w), rtol=1e-5, atol=1e-6)
+    value, grads = jdtr.remat_value_and_grad(f, holomorphic=True, budget=1.0)(z, w)
+    assert jnp.iscomplexobj(value) and abs(value - f(z, w)) <= 1e-5 * abs(value)
+    assert_trees_close(grads, plain(z, w)[0], rtol=1e-5, atol=1e-6)
+    zs = z.reshape(4, 512, 32)
+    mapped = jax.vmap(jdtr.remat_grad(f, holomorphic=True, budget=1.0), in_axes=(0, None))(zs, w)
+    assert_trees_close(mapped, jax.vmap(jax.grad(f, holomorphic=True), in_axes=(0, None))(zs, w), rtol=1e-5, atol=1e-6)
+    with pytest.raises(TypeError, match="requires inputs with complex dtype"):
+        jdtr.remat_grad(f, holomorphic=True, budget=0.5)(z.real, w.real)
+    with pytest.raises(TypeError, match="requires outputs with complex dtype"):
+        jdtr.remat_grad(lambda z, w: jnp.real(f(z, w)), holomorphic=True, budget=0.5)(z, w)
+    with pytest.raises(TypeError, match="holomorphic"):  # without it, as jax.grad says it
+        jdtr.remat_grad(f, budget=0.5)(z, w)
+
+
 def test_a_plan_without_remat_is_jax_grads_own_step():
     """Where `jax.grad`'s step fits, the plan runs the user's function as it
     is: the very program measured as the unconstrained step (jdtr's

@@ -12,6 +12,7 @@ from ..runtime import Heuristic, get_heuristic
 from .arguments import Static, argnums_tuple, concrete_leaves, flatten_arguments
 from .batched import BatchedPlan, batched_call, under_vmap
 from .checkpoint_plan import Plan
+from .holomorphic import Holomorphic
 from .int_inputs import IntInputs
 from .planning import IMPLEMENTATIONS, make_plan
 
@@ -135,6 +136,7 @@ def remat_grad(
     heuristic: Union[str, Heuristic] = "dtr_eq",
     implementation: str = "auto",
     autotune: Optional[bool] = None,
+    holomorphic: bool = False,
     allow_int: bool = False,
 ) -> Callable:
     """Like `jax.grad`, with DTR's decisions compiled in as checkpoint segments.
@@ -143,13 +145,14 @@ def remat_grad(
     first call for each argument structure, and is cached. `budget` is
     bytes, a size string, or a fraction of the memory XLA needs for
     `jax.grad(fun)` (arguments + outputs + temporaries). `implementation`
-    and `autotune` as in `jdtr.plan`; `allow_int` as in `jax.grad` (integer
-    leaves of the differentiated arguments get `float0` zeros).
+    and `autotune` as in `jdtr.plan`; `holomorphic` and `allow_int` as in
+    `jax.grad` (integer leaves of the differentiated arguments get `float0`
+    zeros).
 
     Example:
       >>> step_grad = jax.jit(jdtr.remat_grad(loss, budget="2GiB"))
     """
-    return _remat(fun, argnums, has_aux, budget, heuristic, implementation, autotune, allow_int, value=False)
+    return _remat(fun, argnums, has_aux, budget, heuristic, implementation, autotune, holomorphic, allow_int, value=False)
 
 
 def remat_value_and_grad(
@@ -161,15 +164,18 @@ def remat_value_and_grad(
     heuristic: Union[str, Heuristic] = "dtr_eq",
     implementation: str = "auto",
     autotune: Optional[bool] = None,
+    holomorphic: bool = False,
     allow_int: bool = False,
 ) -> Callable:
     """`jax.value_and_grad` with DTR's decisions compiled in; see `remat_grad`."""
-    return _remat(fun, argnums, has_aux, budget, heuristic, implementation, autotune, allow_int, value=True)
+    return _remat(fun, argnums, has_aux, budget, heuristic, implementation, autotune, holomorphic, allow_int, value=True)
 
 
-def _remat(fun, argnums, has_aux, budget, heuristic, implementation, autotune, allow_int, value) -> Callable:
-    def make(f, nums):
-        return _RematGrad(f, nums, has_aux, budget, heuristic, implementation, autotune, value)
+def _remat(fun, argnums, has_aux, budget, heuristic, implementation, autotune, holomorphic, allow_int, value) -> Callable:
+    def make(f, nums, aux=has_aux):
+        return _RematGrad(f, nums, aux, budget, heuristic, implementation, autotune, value)
 
+    if holomorphic:  # its real part, differentiated (`holomorphic.py`); integer inputs are refused there, as by JAX
+        return Holomorphic(fun, argnums, has_aux, value, functools.partial(make, aux=True))
     # With `allow_int`, integer leaves leave the differentiated arguments (`int_inputs.py`).
     return IntInputs(fun, argnums, make(fun, argnums), make, value, has_aux) if allow_int else make(fun, argnums)
