@@ -4,8 +4,9 @@
 `jax.grad` of f's real part: the VJP of `real` passes 1 + 0j on to f's. So
 the compiled path differentiates the real part, planned as any real loss
 (one `real` more at the end of the step), with the complex value carried
-out beside it as aux data, and it checks the dtypes `jax.grad` checks, with
-its words. (`jdtr.grad` hands `holomorphic` to JAX's own trace.)
+out beside it as aux data where `value_and_grad` returns it, and it checks
+the dtypes `jax.grad` checks, with its words. (`jdtr.grad` hands
+`holomorphic` to JAX's own trace.)
 """
 
 from __future__ import annotations
