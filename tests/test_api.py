@@ -470,7 +470,7 @@ def test_allow_int_gives_float0_gradients_as_jax_grad():
             x = jnp.tanh(x @ w) * params["mask"]
         return jnp.mean(x**2) * params["step"] * scale, {"step": params["step"]}
 
-    for argnums in (0, (0, 2)):
+    for argnums in (0, (0, -2, -1)):  # (-1: the integer `scale`)
         expected = jax.value_and_grad(loss, argnums, has_aux=True, allow_int=True)(params, x, 2)
         run = jdtr.value_and_grad(loss, argnums, has_aux=True, allow_int=True, budget=0.5, return_stats=True)
         for call in range(2):

@@ -129,13 +129,14 @@ class IntInputs:
         functools.update_wrapper(self, fun)
 
     def __call__(self, *args, **kwargs):
-        if max(self.positions) >= len(args):  # (an error, as the plain function words it)
+        positions = tuple(i + len(args) if i < 0 else i for i in self.positions)  # (negative: from the end, as JAX reads them)
+        if not all(0 <= i < len(args) for i in positions):  # (an error, as the plain function words it)
             return self.plain(*args, **kwargs)
-        flat = [jax.tree_util.tree_flatten(args[i]) for i in self.positions]
+        flat = [jax.tree_util.tree_flatten(args[i]) for i in positions]
         integer = tuple(tuple(not _carries_derivative(leaf) for leaf in leaves) for leaves, _ in flat)
         if not any(any(mask) for mask in integer):
             return self.plain(*args, **kwargs)
-        split, gradient = self._split(tuple(treedef for _, treedef in flat), integer, len(args))
+        split, gradient = self._split(positions, tuple(treedef for _, treedef in flat), integer, len(args))
         out = gradient(*split.arguments(args), **kwargs)
         result, extra = (out[0], out[1:]) if self.extra else (out, ())
         if self.value:
@@ -146,14 +147,14 @@ class IntInputs:
             result = split.gradients(result, args)
         return (result, *extra) if self.extra else result
 
-    def _split(self, treedefs: tuple, integer: tuple, nargs: int) -> tuple[_Split, Callable]:
+    def _split(self, positions: tuple, treedefs: tuple, integer: tuple, nargs: int) -> tuple[_Split, Callable]:
         key = (treedefs, integer, nargs)
         with self._lock:
             found = self._made.get(key)
             if found is not None:
                 self._made.move_to_end(key)
                 return found
-        split = _Split(self.argnums, self.positions, nargs, treedefs, integer)
+        split = _Split(self.argnums, positions, nargs, treedefs, integer)
         found = (split, self.make(split.function(self.fun), split.inner_argnums))
         with self._lock:
             self._made[key] = found
