@@ -57,12 +57,12 @@ class _Split:
         """The differentiated arguments of the split function: the leading ones."""
         return 0 if isinstance(self.argnums, int) else tuple(range(len(self.positions)))
 
-    def arguments(self, args: Sequence[Any]) -> tuple[Any, ...]:
+    def arguments(self, args: Sequence[Any], flat: Sequence[list]) -> tuple[Any, ...]:
         """The split function's positional arguments: a list of inexact leaves
-        per differentiated argument, then the others, then the integer leaves."""
+        per differentiated argument, then the others, then the integer leaves.
+        `flat`: the leaves of each differentiated argument."""
         inexact, integer = [], []
-        for position, mask in zip(self.positions, self.integer):
-            leaves = jax.tree_util.tree_leaves(args[position])
+        for leaves, mask in zip(flat, self.integer):
             inexact.append([leaf for leaf, is_int in zip(leaves, mask) if not is_int])
             integer.append(tuple(leaf for leaf, is_int in zip(leaves, mask) if is_int))
         others = tuple(arg for i, arg in enumerate(args) if i not in self.positions)
@@ -84,13 +84,13 @@ class _Split:
         functools.update_wrapper(split, fun)
         return split
 
-    def gradients(self, grads: Any, args: Sequence[Any]) -> Any:
+    def gradients(self, grads: Any, flat: Sequence[list]) -> Any:
         """The split function's gradients in `jax.grad`'s structure, `float0`
-        zeros for the integer leaves."""
+        zeros for the integer leaves (of `flat`, as in `arguments`)."""
         per_argument = (grads,) if isinstance(self.argnums, int) else grads
         merged = []
-        for position, treedef, mask, leaves in zip(self.positions, self.treedefs, self.integer, per_argument):
-            zeros = [_float0_zeros(leaf) for leaf, is_int in zip(jax.tree_util.tree_leaves(args[position]), mask) if is_int]
+        for treedef, mask, leaves, inputs in zip(self.treedefs, self.integer, per_argument, flat):
+            zeros = [_float0_zeros(leaf) for leaf, is_int in zip(inputs, mask) if is_int]
             merged.append(self._merged(treedef, mask, leaves, zeros))
         return merged[0] if isinstance(self.argnums, int) else tuple(merged)
 
@@ -137,14 +137,15 @@ class IntInputs:
         if not any(any(mask) for mask in integer):
             return self.plain(*args, **kwargs)
         split, gradient = self._split(positions, tuple(treedef for _, treedef in flat), integer, len(args))
-        out = gradient(*split.arguments(args), **kwargs)
+        leaves = [leaves for leaves, _ in flat]
+        out = gradient(*split.arguments(args, leaves), **kwargs)
         result, extra = (out[0], out[1:]) if self.extra else (out, ())
         if self.value:
-            result = (result[0], split.gradients(result[1], args))
+            result = (result[0], split.gradients(result[1], leaves))
         elif self.has_aux:
-            result = (split.gradients(result[0], args), result[1])
+            result = (split.gradients(result[0], leaves), result[1])
         else:
-            result = split.gradients(result, args)
+            result = split.gradients(result, leaves)
         return (result, *extra) if self.extra else result
 
     def _split(self, positions: tuple, treedefs: tuple, integer: tuple, nargs: int) -> tuple[_Split, Callable]:
