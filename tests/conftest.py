@@ -92,3 +92,12 @@ def pytest_runtest_setup(item):
         gc.unfreeze()
         gc.collect()
     gc.freeze()
+
+
+def pytest_collection_modifyitems(config, items):
+    """The tests marked `long` first, the others in their order. pytest-xdist's
+    `--dist worksteal` hands each worker a contiguous half of the collection
+    and steals from the end of a queue, so a test of a minute or two collected
+    late (test_sharded.py's, on 8 devices in a subprocess) could run last on
+    one worker while the other has nothing left to take."""
+    items.sort(key=lambda item: item.get_closest_marker("long") is None)

@@ -129,6 +129,7 @@ def _free_port() -> int:
 @pytest.mark.skipif(
     not hasattr(jax.config, "jax_cpu_collectives_implementation"), reason="this JAX has no CPU collectives across processes"
 )
+@pytest.mark.long
 def test_a_mesh_over_two_processes_runs_the_same_plan_on_both():
     flags = "--xla_force_host_platform_device_count=4"
     if jax.__version_info__ >= (0, 10):

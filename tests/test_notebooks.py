@@ -91,6 +91,7 @@ def test_quickstart(kernels, tmp_path):
     assert saved.exists() and saved.stat().st_size > 10_000
 
 
+@pytest.mark.long
 def test_vs_jax_checkpoint(kernels, tmp_path):
     nb, text = execute("02_vs_jax_checkpoint.ipynb", kernels, tmp_path)
     assert "machine:" in text and "JAX " in text

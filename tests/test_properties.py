@@ -98,6 +98,7 @@ def one_config_per_heuristic():
     return st.tuples(*(run_configs((h,)) for h in HEURISTICS))
 
 
+@pytest.mark.long
 @given(programs(), one_config_per_heuristic())
 def test_random_programs_match_jax_under_budget(program, configs):
     check_program(program, configs)

@@ -17,6 +17,7 @@ import sys
 import textwrap
 
 import jax
+import pytest
 
 # Both scripts' loss with collectives: a shard_map with a psum in every layer.
 COLLECTIVE_LOSS = textwrap.dedent(
@@ -173,6 +174,7 @@ SCRIPT = COLLECTIVE_LOSS + textwrap.dedent(
 )
 
 
+@pytest.mark.long
 def test_plans_on_sharded_arguments_keep_a_budget_per_device():
     flags = "--xla_force_host_platform_device_count=8"
     if jax.__version_info__ >= (0, 10):
@@ -403,6 +405,7 @@ GRAD_SCRIPT = COLLECTIVE_LOSS + textwrap.dedent(
 )
 
 
+@pytest.mark.long
 def test_grad_on_sharded_arguments_keeps_a_budget_per_device():
     """`jdtr.grad`, `value_and_grad` and `jdtr.nnx` on arguments sharded over
     8 CPU devices: the run's steps and chunks are XLA's partitioned programs,
