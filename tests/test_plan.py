@@ -747,6 +747,8 @@ def test_holomorphic_on_the_compiled_path_as_in_jax_grad():
         jdtr.remat_grad(lambda z, w: jnp.real(f(z, w)), holomorphic=True, budget=0.5)(z, w)
     with pytest.raises(TypeError, match="holomorphic"):  # without it, as jax.grad says it
         jdtr.remat_grad(f, budget=0.5)(z, w)
+    with pytest.raises(TypeError, match="requires at least 3 positional arguments"):  # a negative argnum past them
+        jdtr.remat_grad(f, argnums=-3, holomorphic=True, budget=0.5)(z, w)
 
 
 def test_a_plan_without_remat_is_jax_grads_own_step():

@@ -311,8 +311,9 @@ def flatten_arguments(
     argnum_tuple = argnums_tuple(argnums)
     for i in argnum_tuple:
         if i >= len(args) or i < -len(args):
+            needed = max(a + 1 if a >= 0 else -a for a in argnum_tuple)  # (a negative index counts from the end)
             raise TypeError(
-                f"differentiating with respect to argnums={argnums} requires at least {max(argnum_tuple) + 1} "
+                f"differentiating with respect to argnums={argnums} requires at least {needed} "
                 f"positional arguments to be passed by the caller, but got only {len(args)} positional arguments"
             )
     diff = {i % len(args) for i in argnum_tuple}

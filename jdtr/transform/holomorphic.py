@@ -55,7 +55,7 @@ class Holomorphic:
 
     def __call__(self, *args, **kwargs):
         for i in self.positions:
-            if i < len(args):  # (past them: the inner function's error)
+            if -len(args) <= i < len(args):  # (past them: the inner function's error)
                 for leaf in jax.tree_util.tree_leaves(args[i]):
                     _complex(leaf, "inputs")
         out = self.inner(*args, **kwargs)
