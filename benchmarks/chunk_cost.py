@@ -7,9 +7,11 @@ of the other. On a GPU, where `jax.jit(jax.grad)` runs a small model's
 step in about a millisecond, what the host spends on those dispatches and
 arrays can set the pace. A chunk holds at most a capped number of
 computations on the CPU (`chunks.MAX_CHUNK_EQUATIONS`: XLA's code for a
-whole step can run slower there than for its parts) and none elsewhere
-(`chunks.chunk_cap`); this runs the same models with each cap of `--caps`
-(0: none) on the backend it runs on, in one process:
+whole step can run slower there than for its parts) where the plan's
+computations are long enough (`chunks.CAPPED_ABOVE_SECONDS`), and none
+elsewhere (`chunks.chunk_cap`); this runs the same models with each cap of
+`--caps` (0: none; "auto": jdtr's own rule) on the backend it runs on, in
+one process:
 
 - chunks a step, and the arrays that cross between them (outputs of one
   chunk read by a later one, the deletes between chunks);
@@ -19,7 +21,7 @@ whole step can run slower there than for its parts) and none elsewhere
   (dispatch is asynchronous), and "step": until its results are ready;
   medians of `--repeats` interleaved runs, against `jax.jit(jax.grad)`'s.
 
-    python benchmarks/chunk_cost.py --models transformer resnet --ratios 1.0 0.5 --caps 512 0
+    python benchmarks/chunk_cost.py --models transformer resnet --ratios 1.0 0.5 --caps 512 0 auto
 """
 
 from __future__ import annotations
@@ -51,6 +53,7 @@ MODELS = {
     "flax_resnet": lambda: models.flax_resnet_groupnorm(blocks=8, channels=32, image=32, batch=16),
     # Small enough that the host's part shows on 2 CPU cores too.
     "transformer-small": lambda: models.transformer(blocks=4, dim=32, heads=2, seq=64, batch=4, vocab=16),
+    "recurrence": lambda: models.linear_recurrence(layers=4, steps=256, width=64, batch=8),
 }
 
 
@@ -83,21 +86,21 @@ def bench(model, ratios, caps, repeats) -> list[str]:
     timed(jit, *args)
     contenders = {"jit": jit}
     stats = {}
-    saved = chunks.MAX_CHUNK_EQUATIONS, chunks.CAPPED_PLATFORMS
+    saved = chunks.MAX_CHUNK_EQUATIONS, chunks.CAPPED_PLATFORMS, chunks.CAPPED_ABOVE_SECONDS
     for ratio in ratios:
         for cap in caps:
             loss = lambda *a, loss=model.loss: loss(*a)  # noqa: E731 (a function of its own: plans are cached per function)
             fn = jdtr.grad(loss, budget=ratio, return_stats=True)
-            # The cap on this backend whatever its default (0: none).
-            chunks.MAX_CHUNK_EQUATIONS = cap
-            chunks.CAPPED_PLATFORMS = frozenset({jax.default_backend()} if cap else ())
+            if cap != "auto":  # the cap on this backend whatever its default and the plan's costs (0: none)
+                chunks.MAX_CHUNK_EQUATIONS, chunks.CAPPED_ABOVE_SECONDS = int(cap), 0.0
+                chunks.CAPPED_PLATFORMS = frozenset({jax.default_backend()} if int(cap) else ())
             chunks.clear_chunk_cache()  # each compiles its own chunks (plans compiled before keep theirs)
             try:
                 runs = warm_up(fn, args)
             except jdtr.OutOfBudgetError:
                 continue
             finally:
-                chunks.MAX_CHUNK_EQUATIONS, chunks.CAPPED_PLATFORMS = saved
+                chunks.MAX_CHUNK_EQUATIONS, chunks.CAPPED_PLATFORMS, chunks.CAPPED_ABOVE_SECONDS = saved
             fn.return_stats = False  # timed as a training loop calls it: returns once dispatched
             contenders[(ratio, cap)], stats[(ratio, cap)] = fn, (runs, crossing(compiled_items(fn)))
     host = {name: [] for name in contenders}
@@ -123,11 +126,18 @@ def bench(model, ratios, caps, repeats) -> list[str]:
     return rows
 
 
+def _cap(text: str) -> str:
+    if text != "auto" and not text.isdigit():
+        raise argparse.ArgumentTypeError(f"a cap is a count of computations, 0 or auto, not {text!r}")
+    return text
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--models", nargs="+", choices=sorted(MODELS), default=["transformer", "resnet", "mlp"])
     parser.add_argument("--ratios", type=float, nargs="+", default=[1.0, 0.5])
-    parser.add_argument("--caps", type=int, nargs="+", default=[512, 0], help="computations a chunk, at most (0: no cap)")
+    parser.add_argument("--caps", nargs="+", default=["512", "0", "auto"], type=_cap,
+                        help="computations a chunk, at most (0: no cap; auto: jdtr's rule)")
     parser.add_argument("--repeats", type=int, default=21)
     parser.add_argument("--output", help="append the markdown report here")
     args = parser.parse_args(argv)

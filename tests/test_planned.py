@@ -338,14 +338,27 @@ def test_jdtrs_own_programs_ask_the_cpu_for_its_older_faster_compiling_emitters(
     assert xla_options.compiler_options() == {}
 
 
-def test_a_chunk_holds_at_most_max_chunk_equations(monkeypatch):
+# A cost model under which every computation takes this long, in seconds: above
+# the average from which chunks are capped on the CPU (`CAPPED_ABOVE_SECONDS`).
+LONG = 10 * chunks_module.CAPPED_ABOVE_SECONDS
+
+
+@pytest.mark.parametrize("seconds", [LONG, chunks_module.CAPPED_ABOVE_SECONDS / 10])
+def test_a_chunk_holds_at_most_max_chunk_equations_where_computations_are_long(monkeypatch, seconds):
+    """On the CPU the cap holds where the plan's computations cost at least
+    `CAPPED_ABOVE_SECONDS` on average (by the cost model): a short step runs
+    faster as one program (its cuts write out what XLA would fuse)."""
     model = MODELS["transformer"]()
     monkeypatch.setattr(chunks_module, "MAX_CHUNK_EQUATIONS", 16)
-    f = jdtr.grad(model.loss, budget=1.0, return_stats=True, chunks="always")
+    f = jdtr.grad(model.loss, budget=1.0, return_stats=True, chunks="always", cost_model=lambda info: seconds)
     grads, stats = f(model.params, model.batch)
     (plan,) = next(iter(f.cache.values())).plans.values()
     sizes = [len(item.steps) for item in plan.compiled if isinstance(item, Chunk)]
-    assert max(sizes) == 16 and stats.chunks == len(sizes) >= stats.equations / 16
+    assert stats.chunks == len(sizes)
+    if seconds >= chunks_module.CAPPED_ABOVE_SECONDS:
+        assert max(sizes) == 16 and len(sizes) >= stats.equations / 16
+    else:
+        assert max(sizes) > 16 and len(sizes) < stats.equations / 16
     assert_close(grads, jax.grad(model.loss)(model.params, model.batch), rtol=1e-4, atol=1e-5)
 
 
@@ -358,7 +371,7 @@ def test_chunks_are_capped_on_the_cpu_alone(monkeypatch):
     lines = {}
     for platforms in (frozenset({"cpu"}), frozenset()):
         monkeypatch.setattr(chunks_module, "CAPPED_PLATFORMS", platforms)
-        f = jdtr.grad(lambda *a: model.loss(*a), budget=1.0, return_stats=True, chunks="always")  # plans of its own
+        f = jdtr.grad(lambda *a: model.loss(*a), budget=1.0, return_stats=True, chunks="always", cost_model=lambda info: LONG)
         grads, stats = f(model.params, model.batch)
         (plan,) = next(iter(f.cache.values())).plans.values()
         lines[platforms] = [len(item.steps) for item in plan.compiled if isinstance(item, Chunk)]

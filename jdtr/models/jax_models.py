@@ -321,6 +321,32 @@ def gated_mlp(blocks: int = 16, width: int = 256, batch: int = 1024, seed: int =
     return Model(f"gated_mlp{blocks}x{width}_b{batch}", loss, params, (x, gates))
 
 
+def linear_recurrence(layers: int = 4, steps: int = 256, width: int = 64, batch: int = 8, seed: int = 0) -> Model:
+    """Residual layers of a diagonal linear recurrence, h_t = a * h_(t-1) + x_t W,
+    computed in parallel over time by `lax.associative_scan` (as in S5 or the
+    LRU), then tanh: about 350 short equations a layer (slices, pads and
+    elementwise products of the scan's levels), so a step is many cheap
+    operations, where dispatches and the arrays between programs show."""
+    keys = jax.random.split(jax.random.PRNGKey(seed), 2 * layers + 1)
+    params = [
+        (jax.random.uniform(a, (width,), minval=0.5, maxval=0.99), jax.random.normal(w, (width, width)) / jnp.sqrt(width))
+        for a, w in zip(keys[0 : 2 * layers : 2], keys[1 : 2 * layers : 2])
+    ]
+    x = jax.random.normal(keys[-1], (batch, steps, width), jnp.float32)
+
+    def combine(left, right):
+        return left[0] * right[0], right[0] * left[1] + right[1]
+
+    def loss(params, x):
+        for a, w in params:
+            u = x @ w
+            _, h = lax.associative_scan(combine, (jnp.broadcast_to(a, u.shape), u), axis=1)
+            x = x + jnp.tanh(h)
+        return jnp.mean(x**2)
+
+    return Model(f"linear_recurrence{layers}x{width}_t{steps}_b{batch}", loss, params, x)
+
+
 def megatron_shard_map(mesh: Any, layers: int = 4, width: int = 128, batch: int = 2048, seed: int = 0) -> Model:
     """A loss written as one `shard_map` over a mesh with axes "data" and
     "model": Megatron-style layers (a column-sharded then a row-sharded

@@ -15,7 +15,8 @@ budget with XLA's `memory_analysis()`; one that XLA makes larger than
 planned (its schedule is not the plan's) is halved until its parts fit,
 down to single equations, whose memory the plan already counted exactly.
 On the CPU a chunk holds at most `MAX_CHUNK_EQUATIONS` computations
-(`chunk_cap`): XLA's code for a whole step can run slower there.
+(`chunk_cap`) where the plan's computations are long: XLA's code for a
+whole step can run slower there.
 
 A chunk never computes one equation twice: XLA would merge the copies
 (common subexpressions) and keep the value the plan evicted, so a
@@ -43,6 +44,7 @@ import jax
 from ..offline import Compute, Free, Read, StraightLine
 from ..quiet import ignoring
 from .devices import replicated
+from .costs import NANOSECOND
 from .executable import COMPILE_THREADS as _DEFAULT_THREADS
 from .program import Value
 
@@ -69,12 +71,33 @@ MIN_HALVED = 4
 # took 19 s as one chunk; a whole step now compiles about as fast as its parts.)
 MAX_CHUNK_EQUATIONS = 512
 CAPPED_PLATFORMS = frozenset({"cpu"})
+# Nor on the CPU where the plan's computations cost less than this on
+# average, in the cost model's seconds: there a step is short, and each cut
+# costs it the arrays written out and read again that XLA would have fused,
+# and, near the budget, cuts more (a chunk holds what crosses into it to its
+# end, so XLA's peak passes the budget and the chunk is halved). At their
+# unconstrained peaks, by the default cost model, a 7 ms linear recurrence
+# by `lax.associative_scan` (1,405 computations of 3.6 us each) ran 1.53x
+# `jax.jit`'s step capped, in 13 chunks, and 1.09x as one; a small
+# transformer (1.8 us) 1.04x and 1.01x. Above it, the 4-block transformer
+# (18 us), a Flax GPT (16 us) and a Flax ResNet (23 us) ran 0.88x, 0.94x and
+# 0.80x capped, 1.01x, 1.04x and 0.99x as one chunk (docs/benchmarks.md).
+CAPPED_ABOVE_SECONDS = 1e-5
 
 
-def chunk_cap() -> Optional[int]:
-    """At most how many computations a chunk holds on the default backend
-    (where chunks run, unless the arguments are placed elsewhere), or None."""
-    return MAX_CHUNK_EQUATIONS if jax.default_backend() in CAPPED_PLATFORMS else None
+def chunk_cap(line: StraightLine) -> Optional[int]:
+    """At most how many computations a chunk of `line` holds on the default
+    backend (where chunks run, unless the arguments are placed elsewhere),
+    or None. The plan's costs are whole nanoseconds (`costs.nanoseconds`);
+    unknown (`cost_model="measured"`, timed as it runs): no cap."""
+    if jax.default_backend() not in CAPPED_PLATFORMS:
+        return None
+    total, known = 0.0, 0
+    for step in line.steps:
+        cost = getattr(step.payload, "cost", None) if type(step) is Compute else None
+        if cost is not None:
+            total, known = total + cost, known + 1
+    return MAX_CHUNK_EQUATIONS if known and total / known * NANOSECOND >= CAPPED_ABOVE_SECONDS else None
 
 
 @dataclass(eq=False)
@@ -145,7 +168,7 @@ def _spans(
     at the steps of `deleted` were done before the range (by the span being
     split): each span of it keeps them as hoisted."""
     sizes = line.sizes
-    cap = chunk_cap()
+    cap = chunk_cap(line)
     end = len(line.steps) if end is None else end
     items: list[Union[_Span, Delete, Read]] = []
     opened: Optional[int] = None
