@@ -362,6 +362,27 @@ def test_a_chunk_holds_at_most_max_chunk_equations_where_computations_are_long(m
     assert_close(grads, jax.grad(model.loss)(model.params, model.batch), rtol=1e-4, atol=1e-5)
 
 
+def test_a_step_of_short_computations_is_not_capped_by_the_default_cost_model(monkeypatch):
+    """The default cost model's costs (whole nanoseconds) against the
+    threshold (seconds): a linear recurrence by `lax.associative_scan`,
+    slices and pads of a few microseconds each, runs uncapped; with the
+    threshold at nothing, the same plan is capped."""
+    model = models.linear_recurrence(layers=2, steps=64, width=16, batch=4)
+    monkeypatch.setattr(chunks_module, "MAX_CHUNK_EQUATIONS", 16)
+    expected = jax.grad(model.loss)(model.params, model.batch)
+    sizes = {}
+    for threshold in (chunks_module.CAPPED_ABOVE_SECONDS, 0.0):
+        monkeypatch.setattr(chunks_module, "CAPPED_ABOVE_SECONDS", threshold)
+        f = jdtr.grad(lambda *a: model.loss(*a), budget=1.0, return_stats=True, chunks="always")
+        grads, stats = f(model.params, model.batch)
+        assert_close(grads, expected, rtol=1e-4, atol=1e-5)
+        (plan,) = next(iter(f.cache.values())).plans.values()
+        sizes[threshold] = [len(item.steps) for item in plan.compiled if isinstance(item, Chunk)]
+        assert stats.peak_bytes <= stats.budget_bytes and stats.equations > 100
+    uncapped, capped = sizes.values()
+    assert max(uncapped) > 16 and max(capped) == 16 and len(uncapped) < len(capped)
+
+
 def test_chunks_are_capped_on_the_cpu_alone(monkeypatch):
     """Off the CPU (here: the CPU taken out of CAPPED_PLATFORMS, as a GPU
     is) a chunk holds as many computations as the budget lets it: on a GPU
