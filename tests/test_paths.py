@@ -289,3 +289,35 @@ def test_thrashing_is_said_of_the_path_run(heuristic):
             assert all(w.overhead == pytest.approx(stats.overhead) for w in said)
         else:
             assert not said  # said once
+
+
+def _conds_within(program):
+    """The `cond`s of `program`, those in branches included."""
+    return sum(isinstance(item, Cond) + sum(_conds_within(b) for b in getattr(item, "branches", ())) for item in program.body)
+
+
+def test_a_cond_on_constants_alone_is_decided_when_traced():
+    """`lax.platform_dependent` (in `jnp.linalg.cholesky`'s gradient, among
+    others) is a `cond` on `platform_index`, and a predicate may come from a
+    constant the loss closes over: neither depends on the arguments, so the
+    branch is inlined as traced, with no predicate read on the host at each
+    run (a chunk's end). A predicate on the arguments stays a `cond`."""
+    flag = jnp.asarray(-1.0)  # a constant of the trace
+
+    def loss(w, x):
+        k = x.T @ x / x.shape[0] + jnp.eye(x.shape[1])
+        chol = jnp.linalg.cholesky(k * jnp.exp(w[0, 0]))
+        h = jax.lax.platform_dependent(x @ w, cpu=jnp.sin, default=jnp.cos)
+        h = jax.lax.cond(flag > 0, jnp.tanh, lambda a: a * 2, h)
+        return jnp.sum(jnp.log(jnp.diag(chol))) + jnp.sum(h**2)
+
+    w, x, _ = arguments([])
+    f = jdtr.grad(loss, budget=1.0, return_stats=True, chunks="always")
+    for _ in range(2):
+        grads, stats = f(w, x)
+        assert_grads(grads, jax.grad(loss)(w, x))
+    (traced,) = f.cache.values()
+    assert _conds_within(traced.program) == 0 and stats.execution == "chunks" and stats.chunks == 1
+    g = jdtr.grad(lambda w, x, s: layered(w, x, s), budget=1.0)
+    g(*arguments([1.0] * 3))
+    assert _conds_within(next(iter(g.cache.values())).program) == 6  # three forward, three in the gradient

@@ -448,6 +448,12 @@ class _Normalizer:
     def cond(self, body: list[Item], env: dict, eqn: Any) -> list[Value]:
         index = self.read(body, env, eqn.invars[0])
         operands = [self.read(body, env, a) for a in eqn.invars[1:]]
+        if isinstance(index, Value):
+            # An index made of constants alone is known now: above all `platform_index`
+            # (`lax.platform_dependent`, in `jnp.linalg`'s gradients), which would
+            # otherwise be read on the host in the middle of every run, a chunk's end.
+            known = self.constant_of(index)
+            index = index if known is None else Const(known)
         if isinstance(index, Const):  # a literal predicate: inline the branch taken
             branch = eqn.params["branches"][int(np.clip(int(index.value), 0, len(eqn.params["branches"]) - 1))]
             inner, consts = _jax_core.open_jaxpr(branch)
