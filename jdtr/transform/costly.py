@@ -207,12 +207,14 @@ def costly_plan(planning: Any, base: Plan, target: float) -> Optional[Plan]:
     return plan if rerun < float("inf") else None
 
 
-def costly_candidate(search: Any, base: Plan, attempts: int = 3) -> Optional[Plan]:
+def costly_candidate(search: Any, base: Plan, attempts: int = 3, model: Optional[float] = None) -> Optional[Plan]:
     """`costly_plan` for `search`'s step, measured (`search.measure`: XLA's
     bytes), where it reruns `RERUN_GAIN` times less than `base`: the first
     that fits the budget, planning for proportionally less after one that
-    does not, as `search` does with DTR's plans; None where none does."""
-    planning, target, model = search.planning, search.target, search.effective_target
+    does not, as `search` does with DTR's plans; None where none does.
+    `model`: the memory model's target to start from (else the search's)."""
+    planning, target = search.planning, search.target
+    model = search.effective_target if model is None else model
     for _ in range(attempts):
         plan = costly_plan(planning, base, model)
         if plan is None or layout(plan) in search.tried:

@@ -20,6 +20,7 @@ import jax
 from ..runtime import OutOfBudgetError, format_bytes
 from .checkpoint import CONDS, gates_differ, makes_random_bits, protects
 from .checkpoint_plan import Plan, layout
+from .costly import costly_candidate
 from .segments import LEFT_NESTED_MAX, nested_left, predicted_bytes, recompute_cost, uniform_leaves
 from .simulated_plans import flat_plans, plan_at, search_simulated_budget, uniform_plan
 
@@ -273,6 +274,7 @@ class PlanSearch:
         not measured yet, at most `SWEEP_COMPILES` of them, then the uniform
         plan. Only those the memory model fits in the target, unless no plan
         measured has beaten `jax.grad`'s own step (the error would suggest it).
+        Last, the costly candidate of the smallest plan measured.
 
         XLA's bytes need not follow the model's order, so the proportional
         step down (`less`) can pass over the plan that fits: on a language
@@ -298,6 +300,15 @@ class PlanSearch:
             plan = self.measure(plan)
             if plan.compiled_bytes <= self.target:
                 return self._closer(plan)
+        # Then the plan saving what is dearest to recompute per byte, of the
+        # smallest measured (autotuning measures it only beside a plan that
+        # fits), one compile at most: on a Fourier neural operator (FFTs) at
+        # 0.6 of `jax.grad`'s bytes, DTR's plans compiled to 0.65 at least,
+        # and it to 0.57.
+        if self.best is not None:
+            costly = costly_candidate(self, self.best, attempts=1, model=model_target(planning, self.target))
+            if costly is not None:
+                return self._closer(costly)
         return None
 
     def less(self, model: float, compiled: int) -> float:
