@@ -43,8 +43,8 @@ import jax
 
 from ..offline import Compute, Free, Read, StraightLine
 from ..quiet import ignoring
-from .devices import replicated
 from .costs import NANOSECOND
+from .devices import replicated
 from .executable import COMPILE_THREADS as _DEFAULT_THREADS
 from .program import Value
 
@@ -76,12 +76,13 @@ CAPPED_PLATFORMS = frozenset({"cpu"})
 # costs it the arrays written out and read again that XLA would have fused,
 # and, near the budget, cuts more (a chunk holds what crosses into it to its
 # end, so XLA's peak passes the budget and the chunk is halved). At their
-# unconstrained peaks, by the default cost model, a 7 ms linear recurrence
-# by `lax.associative_scan` (1,405 computations of 3.6 us each) ran 1.53x
-# `jax.jit`'s step capped, in 13 chunks, and 1.09x as one; a small
-# transformer (1.8 us) 1.04x and 1.01x. Above it, the 4-block transformer
-# (18 us), a Flax GPT (16 us) and a Flax ResNet (23 us) ran 0.88x, 0.94x and
-# 0.80x capped, 1.01x, 1.04x and 0.99x as one chunk (docs/benchmarks.md).
+# unconstrained peaks, by the default cost model: a 7 ms linear recurrence by
+# `lax.associative_scan` (1,405 computations of 3.6 us each) ran at 1.51x
+# `jax.jit`'s step capped, in 13 chunks, and 1.03-1.11x as one; a small
+# transformer (1.8 us) 1.12x and 1.03-1.09x. Above it, the 4-block
+# transformer (18 us), a Flax GPT (16 us) and a Flax ResNet (23 us) ran at
+# 0.79x, 1.02x and 0.73x capped, 1.00x, 1.01x and 1.00x as one chunk
+# (docs/benchmarks.md, "The chunk cap only where computations are long").
 CAPPED_ABOVE_SECONDS = 1e-5
 
 
