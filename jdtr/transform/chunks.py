@@ -89,8 +89,10 @@ CAPPED_ABOVE_SECONDS = 1e-5
 def chunk_cap(line: StraightLine) -> Optional[int]:
     """At most how many computations a chunk of `line` holds on the default
     backend (where chunks run, unless the arguments are placed elsewhere),
-    or None. The plan's costs are whole nanoseconds (`costs.nanoseconds`);
-    unknown (`cost_model="measured"`, timed as it runs): no cap."""
+    or None. The plan's costs are whole nanoseconds (`costs.nanoseconds`).
+    Where none is known (`cost_model="measured"` before a run has timed
+    them): no cap. Timed costs include each equation's dispatch, tens of
+    microseconds on the CPU, so plans made from them are capped."""
     if jax.default_backend() not in CAPPED_PLATFORMS:
         return None
     total, known = 0.0, 0
