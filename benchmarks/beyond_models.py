@@ -1,0 +1,277 @@
+"""Models of kinds the repository's own do not cover, side by side with
+`jax.jit(jax.grad)` (issues 21 and 22; docs/benchmarks.md, "Models beyond
+the repository", third and fourth rounds).
+
+Each is a few lines of plain JAX, written as a user would, none of them
+shaped for jdtr. Per model, in one process: `jax.jit(jax.grad)`;
+`jdtr.grad` at 1.0 and 0.5 of its peak (`chunks="always"`, timed from
+its fourth call); and `jax.jit(jdtr.remat_grad(loss, budget=0.5))` with
+its compiled bytes over `jax.jit(jax.grad)`'s. Ratios are medians of
+`--repeats` interleaved runs; the last column is the largest error of
+any gradient against `jax.jit(jax.grad)`'s, relative to its largest entry.
+
+    python benchmarks/beyond_models.py --models fno gp decoder
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import time
+import warnings
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+
+import jdtr
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from slack_benchmark import report  # noqa: E402
+
+KEYS = jax.random.split(jax.random.PRNGKey(0), 8)
+NHWC = ("NHWC", "HWIO", "NHWC")
+
+
+def _normal(k: int, i: int, shape, scale: float = 1.0, dtype=jnp.float32):
+    return jax.random.normal(jax.random.fold_in(KEYS[k], i), shape, dtype) * scale
+
+
+def depthwise():
+    c = 32
+    ps = [(_normal(0, i, (3, 3, 1, c), 1 / 3), _normal(1, i, (1, 1, c, c), c**-0.5)) for i in range(6)]
+
+    def loss(ps, x):
+        for dw, pw in ps:
+            h = jax.nn.relu(lax.conv_general_dilated(x, dw, (1, 1), "SAME", dimension_numbers=NHWC, feature_group_count=c))
+            x = x + lax.conv_general_dilated(h, pw, (1, 1), "SAME", dimension_numbers=NHWC)
+        return jnp.mean(x**2)
+
+    return "depthwise-separable CNN (6 blocks, 32 channels, 32x32, batch 16)", loss, ps, _normal(2, 0, (16, 32, 32, c))
+
+
+def attention():
+    d, t, b, heads = 64, 128, 8, 4
+    ps = [_normal(0, i, (d, 3 * d), d**-0.5) for i in range(4)]
+
+    def loss(ps, x):
+        for w in ps:
+            q, k, v = jnp.split(x @ w, 3, axis=-1)
+            split = lambda a: a.reshape(b, t, heads, d // heads)  # noqa: E731
+            x = x + jax.nn.dot_product_attention(split(q), split(k), split(v), is_causal=True).reshape(b, t, d)
+        return jnp.mean(x**2)
+
+    return "`jax.nn.dot_product_attention`, causal (4 layers, 128 tokens, 64 wide, batch 8)", loss, ps, _normal(2, 0, (b, t, d))
+
+
+def mapped():
+    ws = [_normal(0, i, (128, 128), 1 / 11) for i in range(6)]
+
+    def loss(ws, x):
+        def row(r):
+            for w in ws:
+                r = jnp.tanh(r @ w)
+            return jnp.sum(r**2)
+
+        return jnp.mean(lax.map(row, x, batch_size=128))
+
+    return "`lax.map` with `batch_size` (6 layers, 128 wide, 1024 rows in 8 batches)", loss, ws, _normal(2, 0, (1024, 128))
+
+
+def user_remat():
+    ws = [_normal(0, i, (256, 256), 1 / 16) for i in range(12)]
+    block = jax.checkpoint(lambda w, h: jnp.tanh(jnp.tanh(h @ w) @ w), policy=jax.checkpoint_policies.dots_saveable)
+
+    def loss(ws, x):
+        for w in ws:
+            x = block(w, x)
+        return jnp.mean(x**2)
+
+    return "the user's own `jax.checkpoint` (`dots_saveable`) per block (12 blocks, 256 wide)", loss, ws, _normal(2, 0, (1024, 256))
+
+
+def recurrence(batch: int):
+    def build():
+        made = jdtr.models.linear_recurrence(layers=4, steps=256, width=64, batch=batch)
+        return f"linear recurrence by `lax.associative_scan` (4 layers, 256 steps, 64 wide, batch {batch})", made.loss, made.params, made.batch
+
+    return build
+
+
+def fno():
+    b, n, c, modes = 16, 256, 32, 16
+    ps = [(_normal(0, i, (c, c, modes), 1 / c, jnp.complex64), _normal(1, i, (c, c), c**-0.5)) for i in range(4)]
+
+    def loss(ps, x):
+        for spectral, pointwise in ps:
+            low = jnp.fft.rfft(x, axis=1)[:, :modes]
+            mixed = jnp.einsum("bmi,iom->bmo", low, spectral)
+            y = jnp.fft.irfft(jnp.pad(mixed, ((0, 0), (0, n // 2 + 1 - modes), (0, 0))), n=n, axis=1)
+            x = jax.nn.gelu(y + x @ pointwise)
+        return jnp.mean(x**2)
+
+    return "Fourier neural operator (4 layers: rfft, complex mixing of 16 modes, irfft; 32 channels, 256 points, batch 16)", loss, ps, _normal(2, 0, (b, n, c))
+
+
+def gp():
+    n, d = 256, 8
+    x = _normal(0, 0, (n, d))
+    y = jnp.sin(x[:, 0]) + 0.1 * _normal(1, 0, (n,))
+    ps = {"ls": jnp.zeros(d), "amp": jnp.array(0.0), "noise": jnp.array(-2.0)}
+
+    def loss(ps, x):
+        z = x / jnp.exp(ps["ls"])
+        d2 = jnp.sum(z**2, 1)[:, None] + jnp.sum(z**2, 1)[None] - 2 * z @ z.T
+        k = jnp.exp(ps["amp"]) * jnp.exp(-0.5 * d2) + (jnp.exp(ps["noise"]) + 1e-4) * jnp.eye(n)
+        chol = jnp.linalg.cholesky(k)
+        alpha = jax.scipy.linalg.cho_solve((chol, True), y)
+        return 0.5 * y @ alpha + jnp.sum(jnp.log(jnp.diag(chol)))
+
+    return "Gaussian process marginal likelihood (n=256: Cholesky, `cho_solve`)", loss, ps, x
+
+
+def bf16():
+    ws = [_normal(0, i, (256, 256), 1 / 16) for i in range(12)]
+
+    def loss(ws, x):
+        h = x.astype(jnp.bfloat16)
+        for w in ws:
+            h = jax.nn.gelu(h @ w.astype(jnp.bfloat16))
+        return jnp.mean(h.astype(jnp.float32) ** 2)
+
+    return "bf16 MLP with f32 parameters (12 layers, 256 wide, batch 2048)", loss, ws, _normal(2, 0, (2048, 256))
+
+
+def vit():
+    b, p, d = 8, 4, 64
+    ps = {
+        "patch": _normal(0, 0, (p, p, 3, d), 1 / 7),
+        "blocks": [(_normal(1, i, (d, 3 * d), 1 / 8), _normal(2, i, (d, 4 * d), 1 / 8), _normal(3, i, (4 * d, d), 1 / 16)) for i in range(4)],
+    }
+
+    def loss(ps, x):
+        h = lax.conv_general_dilated(x, ps["patch"], (p, p), "VALID", dimension_numbers=NHWC).reshape(b, -1, d)
+        for qkv, up, down in ps["blocks"]:
+            normed = (h - h.mean(-1, keepdims=True)) / (h.std(-1, keepdims=True) + 1e-5)
+            q, k, v = jnp.split(normed @ qkv, 3, -1)
+            h = h + jnp.einsum("bts,bsd->btd", jax.nn.softmax(jnp.einsum("btd,bsd->bts", q, k) / 8.0, -1), v)
+            h = h + jax.nn.gelu(h @ up) @ down
+        return jnp.mean(h.mean(1) ** 2)
+
+    return "ViT (patch convolution, 64 tokens, 4 blocks of 64 wide, batch 8)", loss, ps, _normal(4, 0, (b, 32, 32, 3))
+
+
+def pooling():
+    ps = [_normal(0, i, (3, 3, 16 if i else 3, 16), 1 / 6) for i in range(4)]
+
+    def loss(ps, x):
+        for w in ps:
+            x = jax.nn.relu(lax.conv_general_dilated(x, w, (1, 1), "SAME", dimension_numbers=NHWC))
+            if x.shape[1] > 8:
+                x = lax.reduce_window(x, -jnp.inf, lax.max, (1, 2, 2, 1), (1, 2, 2, 1), "VALID")
+        return jnp.mean(x**2)
+
+    return "CNN with max pooling (`reduce_window`; 4 convolutions of 16 channels, 64x64, batch 16)", loss, ps, _normal(2, 0, (16, 64, 64, 3))
+
+
+def decoder():
+    ps = [_normal(0, i, (3, 3, 8, 8), 1 / 5) for i in range(4)]
+
+    def loss(ps, x):
+        for w in ps:
+            b, h, wd, c = x.shape
+            x = jax.image.resize(x, (b, min(2 * h, 64), min(2 * wd, 64), c), "bilinear")
+            x = jax.nn.relu(lax.conv_general_dilated(x, w, (1, 1), "SAME", dimension_numbers=NHWC))
+        return jnp.mean(x**2)
+
+    return "upsampling decoder (`jax.image.resize` bilinear, 4 convolutions, 16x16 to 64x64, batch 8)", loss, ps, _normal(2, 0, (8, 16, 16, 8))
+
+
+def fori():
+    w = _normal(0, 0, (128, 128), 1 / 11)
+
+    def loss(w, x):
+        return jnp.mean(lax.fori_loop(0, 16, lambda i, h: jnp.tanh(h @ w) + 0.1 * h, x) ** 2)
+
+    return "`lax.fori_loop` of 16 steps over shared weights (128 wide, batch 1024)", loss, w, _normal(2, 0, (1024, 128))
+
+
+MODELS = {
+    "depthwise": depthwise, "attention": attention, "map": mapped, "user_remat": user_remat,
+    "recurrence8": recurrence(8), "recurrence32": recurrence(32),
+    "fno": fno, "gp": gp, "bf16": bf16, "vit": vit, "pooling": pooling, "decoder": decoder, "fori": fori,
+}
+
+
+def compiled_bytes(f, *args) -> int:
+    analysis = jax.jit(f).lower(*args).compile().memory_analysis()
+    return analysis.argument_size_in_bytes + analysis.output_size_in_bytes + analysis.temp_size_in_bytes - analysis.alias_size_in_bytes
+
+
+def relative_error(got, want) -> float:
+    errors = [
+        float(np.max(np.abs(np.asarray(g, np.float64) - np.asarray(w, np.float64))) / (1e-6 + np.max(np.abs(np.asarray(w, np.float64)))))
+        for g, w in zip(jax.tree_util.tree_leaves(got), jax.tree_util.tree_leaves(want))
+        if np.size(w)
+    ]
+    return max(errors, default=0.0)
+
+
+def bench(name: str, repeats: int) -> list[str]:
+    label, loss, params, x = MODELS[name]()
+    jit = jax.jit(jax.grad(loss))
+    expected = jit(params, x)
+    full = compiled_bytes(jax.grad(loss), params, x)
+    contenders, cells, errors = {"jit": jit}, {}, []
+    for ratio in (1.0, 0.5):
+        grad = jdtr.grad(loss, budget=ratio, chunks="always", return_stats=True)
+        try:
+            for _ in range(3):
+                got, stats = grad(params, x)
+        except jdtr.OutOfBudgetError as err:
+            cells[ratio] = f"raises (its floor: {err.suggested_budget_bytes / 2**20:.2f} MiB suggested)"
+            continue
+        errors.append(relative_error(got, expected))
+        cells[ratio] = f"{stats.chunks} chunks"
+        contenders[ratio] = (lambda g: lambda *a: g(*a)[0])(grad)
+    try:
+        remat = jdtr.remat_grad(loss, budget=0.5)
+        errors.append(relative_error(jax.jit(remat)(params, x), expected))
+        cells["remat"] = f"{compiled_bytes(remat, params, x) / full:.3f}"
+        contenders["remat"] = jax.jit(remat)
+    except jdtr.OutOfBudgetError as err:
+        cells["remat"] = f"raises, suggests {err.suggested_budget_bytes / full:.2f}"
+    times = {key: [] for key in contenders}
+    for _ in range(repeats):
+        for key, f in contenders.items():
+            start = time.perf_counter()
+            jax.block_until_ready(f(params, x))
+            times[key].append(time.perf_counter() - start)
+    base = statistics.median(times["jit"])
+    ratio = {key: statistics.median(t) / base for key, t in times.items()}
+
+    def cell(key) -> str:
+        return f"{ratio[key]:.2f}x ({cells[key]})" if key in ratio else cells[key]
+
+    remat_cell = cells["remat"] + (f", {ratio['remat']:.2f}x" if "remat" in ratio else "")
+    return [
+        f"| {label} | {base * 1e3:.1f} ms, {full / 2**20:.2f} MiB | {cell(1.0)} | {cell(0.5)} | {remat_cell} | {max(errors, default=0.0):.1e} |"
+    ]
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--models", nargs="+", choices=sorted(MODELS), default=sorted(MODELS))
+    parser.add_argument("--repeats", type=int, default=11)
+    parser.add_argument("--output", help="append the markdown report here")
+    args = parser.parse_args(argv)
+    warnings.simplefilter("ignore")  # (the thrash and slow-plan warnings: the table says what they would)
+    header = "| model | `jax.jit(jax.grad)` | `jdtr.grad` 1.0 | `jdtr.grad` 0.5 | remat 0.5 | max rel. error |"
+    return report("Models beyond the repository", args.repeats, header, args.models, lambda name: bench(name, args.repeats), args.output)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
