@@ -102,18 +102,9 @@ def recurrence(batch: int):
 
 
 def fno():
-    b, n, c, modes = 16, 256, 32, 16
-    ps = [(_normal(0, i, (c, c, modes), 1 / c, jnp.complex64), _normal(1, i, (c, c), c**-0.5)) for i in range(4)]
-
-    def loss(ps, x):
-        for spectral, pointwise in ps:
-            low = jnp.fft.rfft(x, axis=1)[:, :modes]
-            mixed = jnp.einsum("bmi,iom->bmo", low, spectral)
-            y = jnp.fft.irfft(jnp.pad(mixed, ((0, 0), (0, n // 2 + 1 - modes), (0, 0))), n=n, axis=1)
-            x = jax.nn.gelu(y + x @ pointwise)
-        return jnp.mean(x**2)
-
-    return "Fourier neural operator (4 layers: rfft, complex mixing of 16 modes, irfft; 32 channels, 256 points, batch 16)", loss, ps, _normal(2, 0, (b, n, c))
+    made = jdtr.models.fourier_operator(layers=4, batch=16, points=256, channels=32, modes=16)
+    label = "Fourier neural operator (4 layers: rfft, complex mixing of 16 modes, irfft; 32 channels, 256 points, batch 16)"
+    return label, made.loss, made.params, made.batch
 
 
 def gp():

@@ -131,35 +131,13 @@ def test_where_dtrs_plans_rerun_the_sorts_the_costly_plan_keeps_them(monkeypatch
     assert sorts(dtr.grad) > 6
 
 
-def _fourier_layers(layers=4, batch=8, points=128, channels=16, modes=8):
-    """A Fourier neural operator's layers: rfft, a complex mixing of the
-    lowest modes, irfft, beside a pointwise linear map. XLA's bytes for its
-    FFTs' plans leave the memory model's order."""
-    keys = jax.random.split(jax.random.PRNGKey(0), 3)
-    params = [
-        (jax.random.normal(jax.random.fold_in(keys[0], i), (channels, channels, modes), dtype=jnp.complex64) / channels,
-         jax.random.normal(jax.random.fold_in(keys[1], i), (channels, channels)) / jnp.sqrt(channels))
-        for i in range(layers)
-    ]
-    x = jax.random.normal(keys[2], (batch, points, channels))
-
-    def loss(params, x):
-        for spectral, pointwise in params:
-            low = jnp.fft.rfft(x, axis=1)[:, :modes]
-            mixed = jnp.einsum("bmi,iom->bmo", low, spectral)
-            y = jnp.fft.irfft(jnp.pad(mixed, ((0, 0), (0, points // 2 + 1 - modes), (0, 0))), n=points, axis=1)
-            x = jax.nn.gelu(y + x @ pointwise)
-        return jnp.mean(x**2)
-
-    return loss, params, x
-
-
 def test_where_dtrs_plans_miss_the_budget_the_search_measures_the_costly_plan_before_its_error():
     """On a Fourier neural operator at 0.6 of `jax.grad`'s bytes DTR's plans
     (and the uniform one) compile over the budget; the plan saving what is
     dearest to recompute fits, so the search takes it, without autotuning
     (where autotuning would measure it only beside a plan that fits)."""
-    loss, params, x = _fourier_layers()
+    made = models.fourier_operator(layers=4, batch=8, points=128, channels=16, modes=8)
+    loss, params, x = made.loss, made.params, made.batch
     plan = jdtr.plan(loss, params, x, budget=0.6, autotune=False)
     assert plan.compiled_bytes <= 0.6 * plan.unconstrained_compiled_bytes
     assert plan.origin == "costly"

@@ -19,6 +19,7 @@ from .flax_models import (
 from .jax_models import (
     Model,
     Segment,
+    fourier_operator,
     gated_mlp,
     linear_recurrence,
     megatron_shard_map,
@@ -34,6 +35,6 @@ from .jax_models import (
 
 __all__ = [
     "Model", "Segment", "batchnorm_cnn", "flax_gpt", "flax_gpt_megatron", "flax_resnet_groupnorm", "flax_scan_gpt", "flax_scan_lstm",
-    "flax_tied_lm", "flax_unet", "flax_unet3", "gated_mlp", "linear_recurrence", "megatron_shard_map", "message_passing", "mlp_chain", "plain_cnn", "resnet", "rnn", "sorted_layers",
+    "flax_tied_lm", "flax_unet", "flax_unet3", "fourier_operator", "gated_mlp", "linear_recurrence", "megatron_shard_map", "message_passing", "mlp_chain", "plain_cnn", "resnet", "rnn", "sorted_layers",
     "transformer", "wavenet",
 ]

@@ -347,6 +347,30 @@ def linear_recurrence(layers: int = 4, steps: int = 256, width: int = 64, batch:
     return Model(f"linear_recurrence{layers}x{width}_t{steps}_b{batch}", loss, params, x)
 
 
+def fourier_operator(layers: int = 4, batch: int = 16, points: int = 256, channels: int = 32, modes: int = 16, seed: int = 0) -> Model:
+    """A Fourier neural operator's layers: rfft along the points, a complex
+    mixing of the lowest `modes`, irfft, beside a pointwise linear map, then
+    GELU. Complex weights and FFTs, whose compiled bytes leave the memory
+    model's order."""
+    keys = jax.random.split(jax.random.PRNGKey(seed), 2 * layers + 1)
+    params = [
+        (jax.random.normal(s, (channels, channels, modes), jnp.complex64) / channels,
+         jax.random.normal(w, (channels, channels)) / jnp.sqrt(channels))
+        for s, w in zip(keys[0 : 2 * layers : 2], keys[1 : 2 * layers : 2])
+    ]
+    x = jax.random.normal(keys[-1], (batch, points, channels), jnp.float32)
+
+    def loss(params, x):
+        for spectral, pointwise in params:
+            low = jnp.fft.rfft(x, axis=1)[:, :modes]
+            mixed = jnp.einsum("bmi,iom->bmo", low, spectral)
+            y = jnp.fft.irfft(jnp.pad(mixed, ((0, 0), (0, points // 2 + 1 - modes), (0, 0))), n=points, axis=1)
+            x = jax.nn.gelu(y + x @ pointwise)
+        return jnp.mean(x**2)
+
+    return Model(f"fourier_operator{layers}x{channels}_n{points}_m{modes}_b{batch}", loss, params, x)
+
+
 def megatron_shard_map(mesh: Any, layers: int = 4, width: int = 128, batch: int = 2048, seed: int = 0) -> Model:
     """A loss written as one `shard_map` over a mesh with axes "data" and
     "model": Megatron-style layers (a column-sharded then a row-sharded
