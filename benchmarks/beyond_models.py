@@ -30,6 +30,7 @@ from jax import lax
 import jdtr
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from remat_benchmark import compiled  # noqa: E402
 from slack_benchmark import report  # noqa: E402
 
 KEYS = jax.random.split(jax.random.PRNGKey(0), 8)
@@ -197,11 +198,6 @@ MODELS = {
 }
 
 
-def compiled_bytes(f, *args) -> int:
-    analysis = jax.jit(f).lower(*args).compile().memory_analysis()
-    return analysis.argument_size_in_bytes + analysis.output_size_in_bytes + analysis.temp_size_in_bytes - analysis.alias_size_in_bytes
-
-
 def relative_error(got, want) -> float:
     errors = [
         float(np.max(np.abs(np.asarray(g, np.float64) - np.asarray(w, np.float64))) / (1e-6 + np.max(np.abs(np.asarray(w, np.float64)))))
@@ -215,7 +211,7 @@ def bench(name: str, repeats: int) -> list[str]:
     label, loss, params, x = MODELS[name]()
     jit = jax.jit(jax.grad(loss))
     expected = jit(params, x)
-    full = compiled_bytes(jax.grad(loss), params, x)
+    full = compiled(jax.grad(loss), (params, x))[1]
     contenders, cells, errors = {"jit": jit}, {}, []
     for ratio in (1.0, 0.5):
         grad = jdtr.grad(loss, budget=ratio, chunks="always", return_stats=True)
@@ -231,7 +227,7 @@ def bench(name: str, repeats: int) -> list[str]:
     try:
         remat = jdtr.remat_grad(loss, budget=0.5)
         errors.append(relative_error(jax.jit(remat)(params, x), expected))
-        cells["remat"] = f"{compiled_bytes(remat, params, x) / full:.3f}"
+        cells["remat"] = f"{compiled(remat, (params, x))[1] / full:.3f}"
         contenders["remat"] = jax.jit(remat)
     except jdtr.OutOfBudgetError as err:
         cells["remat"] = f"raises, suggests {err.suggested_budget_bytes / full:.2f}"

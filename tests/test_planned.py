@@ -175,11 +175,12 @@ def test_the_parts_of_a_halved_chunk_free_first_what_they_do_not_read(name):
     made and dead there)."""
     plan, avals, _ = planned_line(MODELS[name](), 0.5)
     line, resident = plan.line, plan.line.resident_before()
+    cap = chunks_module.chunk_cap(line)
     hoisted = 0
-    for span in chunks_module._spans(line, float("inf"), resident):
+    for span in chunks_module._spans(line, float("inf"), resident, cap):
         if not isinstance(span, chunks_module._Span):
             continue
-        parts = chunks_module._split(line, span, float("inf"), resident)
+        parts = chunks_module._split(line, span, float("inf"), resident, cap)
         if not parts:
             continue
         expected = Counter(line.steps[t].slot for t in range(span.start, span.end) if isinstance(line.steps[t], Free) and t not in span.hoisted)
@@ -217,7 +218,7 @@ def test_a_chunk_is_halved_where_fewest_values_cross(name):
         after = {s for t in range(c, len(steps)) if isinstance(steps[t], Compute) for s in steps[t].inputs}
         return len(before & after)
 
-    parts = chunks_module._split(plan.line, span, float("inf"), plan.line.resident_before())
+    parts = chunks_module._split(plan.line, span, float("inf"), plan.line.resident_before(), chunks_module.chunk_cap(plan.line))
     first, second = [part for part in parts if isinstance(part, chunks_module._Span)]
     n = len(computes)
     window = computes[n // 4 : n - n // 4]

@@ -155,6 +155,7 @@ def _spans(
     line: StraightLine,
     budget_bytes: float,
     resident: Sequence[int],
+    cap: Optional[int],
     start: int = 0,
     end: Optional[int] = None,
     cuts: frozenset[int] = frozenset(),
@@ -162,7 +163,8 @@ def _spans(
 ) -> list[Union[_Span, Delete, Read]]:
     """The plan's steps [start, end) as spans to run as chunks, with the
     frees between them, cut where the plan's count of a chunk's memory would
-    pass the budget, and before each step of `cuts`.
+    pass the budget, once `cap` computations are in one (`chunk_cap`, asked
+    once per line by the caller), and before each step of `cuts`.
 
     A free inside a span of a value from before it is done before the span
     when the span does not read that value first (an eviction of a stale
@@ -171,7 +173,6 @@ def _spans(
     at the steps of `deleted` were done before the range (by the span being
     split): each span of it keeps them as hoisted."""
     sizes = line.sizes
-    cap = chunk_cap(line)
     end = len(line.steps) if end is None else end
     items: list[Union[_Span, Delete, Read]] = []
     opened: Optional[int] = None
@@ -229,10 +230,12 @@ def _spans(
 def count(line: StraightLine, budget_bytes: float) -> int:
     """How many chunks the plan's count cuts `line` into at `budget_bytes`
     (before XLA's analysis halves any): what `cut` compiles, without compiling."""
-    return sum(1 for item in _spans(line, budget_bytes, line.resident_before()) if type(item) is _Span)
+    return sum(1 for item in _spans(line, budget_bytes, line.resident_before(), chunk_cap(line)) if type(item) is _Span)
 
 
-def _split(line: StraightLine, span: _Span, budget_bytes: float, resident: Sequence[int]) -> list[Union[_Span, Delete]]:
+def _split(
+    line: StraightLine, span: _Span, budget_bytes: float, resident: Sequence[int], cap: Optional[int]
+) -> list[Union[_Span, Delete]]:
     """A span cut in two, before the computation of its middle half where
     the fewest values cross (`_narrowest`), or, when it has at most
     `MIN_HALVED`, into single computations (nothing if it has one).
@@ -248,7 +251,7 @@ def _split(line: StraightLine, span: _Span, budget_bytes: float, resident: Seque
     if n < 2:
         return []
     cuts = [_narrowest(line, span, computes[n // 4 : n - n // 4], computes[n // 2])] if n > MIN_HALVED else computes[1:]
-    return _spans(line, budget_bytes, resident, span.start, span.end, frozenset(cuts), span.hoisted)  # type: ignore[return-value]
+    return _spans(line, budget_bytes, resident, cap, span.start, span.end, frozenset(cuts), span.hoisted)  # type: ignore[return-value]
 
 
 def _narrowest(line: StraightLine, span: _Span, candidates: Sequence[int], middle: int) -> int:
@@ -292,7 +295,8 @@ def cut(line: StraightLine, avals: Sequence[Any], budget_bytes: float, device: A
     0.05-0.7 s each."""
     resident = line.resident_before()
     whole = _whole(avals) if device is None else jax.sharding.SingleDeviceSharding(device)
-    items: list[Union[Item, _Span]] = list(_spans(line, budget_bytes, resident))
+    cap = chunk_cap(line)
+    items: list[Union[Item, _Span]] = list(_spans(line, budget_bytes, resident, cap))
     while True:
         spans = [item for item in items if type(item) is _Span]
         if not spans:
@@ -309,7 +313,7 @@ def cut(line: StraightLine, avals: Sequence[Any], budget_bytes: float, device: A
                 following.append(item)
                 continue
             chunk = layouts[item].chunk(compiled)
-            parts = _split(line, item, budget_bytes, resident) if chunk.peak_bytes > budget_bytes else []
+            parts = _split(line, item, budget_bytes, resident, cap) if chunk.peak_bytes > budget_bytes else []
             following.extend(parts if parts else [chunk])
         items = following
 
