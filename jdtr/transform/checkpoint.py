@@ -73,13 +73,12 @@ from typing import Any, Callable, Iterable, Optional, Sequence
 import jax
 import jax.numpy as jnp
 from jax import lax
-from jax.custom_batching import custom_vmap
 
-from . import _jax_core
 from .anchoring import anchored, tie
 from .program import Cond, Equation, Program, Value
 from .save_policy import NAME_PREFIX, SavePolicy, named
 from .segments import Segment, is_float
+from .undecided import an_element, undecided
 
 
 # Random bits: XLA makes them (on the CPU, a loop of hash rounds) as soon as
@@ -116,10 +115,10 @@ class _Anchor:
     def tie(self, item: Equation, args: list, taint: Any) -> list:
         if self.value is None or item.name not in _RANDOM_BITS:
             return args
-        element = _an_element([self.value]).astype(jnp.float32)
+        element = an_element([self.value]).astype(jnp.float32)
         if taint is not None:
             element = element + taint.astype(jnp.float32)
-        return [tie(a, _undecided(element)) for a in args]
+        return [tie(a, undecided(element)) for a in args]
 
 
 def _run_items(
@@ -324,43 +323,6 @@ def _run_segment(
     env.update(zip(seg.outputs, outs))
 
 
-def _an_element(arrays: Sequence[Any]) -> Any:
-    """A scalar read from the smallest of `arrays`: its first element, or,
-    where its type says it is sharded (a mesh's `Explicit` axes, which may
-    not be sliced across shards), its maximum (a reduction to a scalar)."""
-    smallest = min(arrays, key=lambda a: a.size)
-    if _jax_core.sharded_type(smallest):
-        return jnp.max(smallest)
-    return jnp.ravel(smallest)[0]
-
-
-def _undecided(element: Any) -> Any:
-    """A predicate read from a scalar's bits, or-ed with 1: always true;
-    XLA cannot tell. Under `vmap` (a cotangent per example), one for the
-    whole batch (`_one_for_the_batch`)."""
-    predicate = (lax.bitcast_convert_type(element.astype(jnp.float32), jnp.int32) | 1) != 0
-    return _one_for_the_batch(predicate) if _jax_core.is_batched(predicate) else predicate
-
-
-# Under `vmap` of a planned step (per-example gradients), each example's
-# cotangent made a predicate per example, and so a taint per example: added
-# to a convolution's kernel, it made the shared kernel one per example, and
-# XLA ran the recomputed convolutions grouped by example, its slow form on
-# the CPU (a WaveNet's mapped step: 1.2-1.33x `vmap(jax.grad)`'s, with
-# 28-35 grouped convolutions against its 17; one predicate for the batch:
-# 17, and 0.94-1.07x). A cond on a predicate per example also runs as a
-# select of both branches. Every example's predicate is true, so the
-# batch's is too.
-@custom_vmap
-def _one_for_the_batch(predicate: Any) -> Any:
-    return predicate
-
-
-@_one_for_the_batch.def_vmap
-def _one_for_the_batch_rule(axis_size: int, in_batched: Sequence[bool], predicate: Any) -> tuple[Any, bool]:
-    return (jnp.all(predicate) if in_batched[0] else predicate), False
-
-
 def _recomputes_a_convolution(program: Program, seg: Segment) -> bool:
     """Whether `seg` (its nested segments included) holds a convolution."""
     items = program.body[seg.start : seg.stop]
@@ -420,11 +382,11 @@ def _protected_checkpoint(
                 grads = [jnp.zeros_like(x) for x in floats]
             else:
                 of_floats = lambda *f: fn(*merge(f, others))  # noqa: E731
-                grads = _recomputed_in_cond(of_floats, floats, _undecided(_an_element(leaves)))(cotangents)
+                grads = _recomputed_in_cond(of_floats, floats, undecided(an_element(leaves)))(cotangents)
         elif not leaves:  # no float output with an element: nothing flows back
             grads = zeros(vjp_fn, cotangents)
         else:
-            undecided = _undecided(_an_element(leaves))
+            true = undecided(an_element(leaves))
             if gate != "cond":
                 # `vjp_fn` is a pytree whose leaves are the residuals: the
                 # taint among them becomes a zero XLA cannot see. (Were it not
@@ -434,14 +396,14 @@ def _protected_checkpoint(
                 everything = gate != "select" or at is None
                 for i, r in enumerate(residuals):
                     if i == at or (everything and jnp.issubdtype(r.dtype, jnp.inexact)):
-                        residuals[i] = jnp.where(undecided, r, jnp.ones_like(r) if i == at else jnp.zeros_like(r))
+                        residuals[i] = jnp.where(true, r, jnp.ones_like(r) if i == at else jnp.zeros_like(r))
                 pullback = lambda res, cts: jax.tree_util.tree_unflatten(tree, res)(cts)  # noqa: E731
                 if gate == "select_anchored":
-                    pullback = anchored(pullback, undecided)
+                    pullback = anchored(pullback, true)
                 grads = pullback(residuals, cotangents)
             else:
                 run = lambda f, g: f(g)  # noqa: E731
-                grads = lax.cond(undecided, run, zeros, vjp_fn, cotangents)
+                grads = lax.cond(true, run, zeros, vjp_fn, cotangents)
         return tuple(merge(grads, [None] * (len(differentiable) - len(grads))))
 
     segment.defvjp(forward, backward)

@@ -51,6 +51,8 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
+from .undecided import an_element, undecided
+
 # Offsets are unrolled, one slice each: a larger window (a global pool over
 # a whole image) is left to XLA.
 MAX_WINDOW = 64
@@ -108,7 +110,27 @@ def selected(operand: Any, select: str, window, strides, padding) -> Any:
     element select-and-scatter selects. Padding holds the order's far end
     (-inf for "ge") and may be selected, as XLA's select-and-scatter on the
     CPU does (a window of padding and -inf alone keeps the padding, and its
-    cotangent is dropped)."""
+    cotangent is dropped).
+
+    Made in a `lax.cond` on a predicate XLA cannot decide (`undecided`), so
+    that the offsets are an array of their own, not fused into what reads
+    them. Fused, the slices of `operand` were read in the loop that makes
+    its cotangent, and XLA on the CPU (JAX 0.10.2) wrote that loop's output
+    over `operand`'s own buffer where the pool's input was a reshape (a
+    bitcast) of a value the loop also reads elementwise (the backward pass
+    of a `tanh`): the windows' later offsets then read cotangents instead of
+    values, and every gradient of the step was wrong (tests/test_pooling.py).
+    The offsets are int32 of the pool's output size."""
+    return lax.cond(
+        undecided(an_element([operand])),
+        lambda x: _selected(x, select, window, strides, padding),
+        # (placed as the offsets are: a mesh's Explicit axes type the branches' outputs)
+        lambda x: jnp.zeros_like(_windows(x, 0, window, strides, padding)[0], dtype=jnp.int32),
+        operand,
+    )
+
+
+def _selected(operand: Any, select: str, window, strides, padding) -> Any:
     order = _ORDER[select]
     fill = -jnp.inf if select == "ge" else jnp.inf
     values = _windows(operand, fill, window, strides, padding)
