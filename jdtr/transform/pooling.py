@@ -16,7 +16,10 @@ shape, and a sequential pass over the offsets, in the window's row-major
 order, keeps which one each output selects, with the same rule as XLA's
 select-and-scatter on the CPU (an element replaces the one selected unless
 `select(selected, element)`; padding holds -inf for a max pool and may be
-selected, its cotangent dropped). The cotangent then
+selected, its cotangent dropped). That pass runs in a `lax.cond` XLA
+cannot decide, so the selected offsets are an int32 array of the output's
+size, not slices fused into their readers (`selected`: fused, XLA wrote a
+reader's output over the pool's input while reading it). The cotangent then
 goes to the selected offset of each window: a sum of the slices' transposes
 (pads), which XLA fuses into one loop over the input.
 
