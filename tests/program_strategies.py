@@ -646,6 +646,26 @@ def op_conv(b: _Builder) -> bool:
     return True
 
 
+
+def op_pool(b: _Builder) -> bool:
+    """A max, min or sum pool (`lax.reduce_window`) over any of a value's
+    dimensions: jdtr rewrites max and min pools' pullbacks on the CPU
+    (transform/pooling.py), and a pool of a reshape is where XLA once wrote
+    over the pool's input while reading it."""
+    x = b.pick(where=lambda v: v.rank >= 1)
+    if x is None:
+        return False
+    window = tuple(b.draw(st.integers(1, min(d, 3))) for d in x.shape)
+    strides = tuple(b.draw(st.integers(1, 2)) for _ in x.shape)
+    padding = b.choice(("SAME", "VALID"))
+    if padding == "SAME":
+        shape = tuple(-(-d // s) for d, s in zip(x.shape, strides))
+    else:
+        shape = tuple((d - w) // s + 1 for d, w, s in zip(x.shape, window, strides))
+    init, op = b.choice((("-jnp.inf", "lax.max"), ("jnp.inf", "lax.min"), ("0.0", "lax.add")))
+    b.emit(f"lax.reduce_window({x.name}, {init}, {op}, {_tuple(window)}, {_tuple(strides)}, {padding!r})", shape)
+    return True
+
 def op_cond(b: _Builder) -> bool:
     a = b.pick()
     how = b.choice(("cond", "cond2", "literal_operand", "switch", "literal_pred"))
@@ -846,6 +866,7 @@ OPERATIONS: dict[str, Callable[[_Builder], bool]] = {
     "where": op_where,
     "cumulative": op_cumulative,
     "conv": op_conv,
+    "pool": op_pool,
     "cond": op_cond,
     "scan": op_scan,
     "call": op_call,

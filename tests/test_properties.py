@@ -2,7 +2,7 @@
 
 For each program drawn by `program_strategies.programs()` (a loss over a
 random pytree, built from elementwise, matmul, reduction, reshape, slicing,
-gather/scatter, concatenation, select, cumulative, convolution, cond, scan,
+gather/scatter, concatenation, select, cumulative, convolution, pooling, cond, scan,
 jit, custom_jvp/vjp, multi-output, integer, PRNG and callback operations),
 jdtr's value and gradients must be `jax.value_and_grad`'s:
 
