@@ -646,12 +646,10 @@ def op_conv(b: _Builder) -> bool:
     return True
 
 
-
 def op_pool(b: _Builder) -> bool:
     """A max, min or sum pool (`lax.reduce_window`) over any of a value's
-    dimensions: jdtr rewrites max and min pools' pullbacks on the CPU
-    (transform/pooling.py), and a pool of a reshape is where XLA once wrote
-    over the pool's input while reading it."""
+    dimensions: jdtr rewrites max and min pools and their pullbacks on the
+    CPU (transform/pooling.py), here under every heuristic and budget."""
     x = b.pick(where=lambda v: v.rank >= 1)
     if x is None:
         return False
@@ -665,6 +663,7 @@ def op_pool(b: _Builder) -> bool:
     init, op = b.choice((("-jnp.inf", "lax.max"), ("jnp.inf", "lax.min"), ("0.0", "lax.add")))
     b.emit(f"lax.reduce_window({x.name}, {init}, {op}, {_tuple(window)}, {_tuple(strides)}, {padding!r})", shape)
     return True
+
 
 def op_cond(b: _Builder) -> bool:
     a = b.pick()

@@ -192,7 +192,6 @@ def test_jdtr_grad_runs_the_pool_s_pullback_rewritten():
     assert _max_difference(got, expected) < 1e-6
 
 
-
 def _pool_of_a_reshape(activation, reduce):
     """A loss whose pool reads a reshape (to XLA, a bitcast) of an
     activation whose backward pass reads the activation's output."""
@@ -229,6 +228,7 @@ def test_a_pool_of_a_reshaped_activation_has_jax_grads_compiled(activation, redu
     assert plan.segments and _max_difference(jax.jit(plan.grad)(w, x), expected) < 1e-7
     got, stats = jdtr.grad(loss, budget=1.0, chunks="always", return_stats=True)(w, x)
     assert stats.execution == "chunks" and _max_difference(got, expected) < 1e-7
+
 
 MESH_SCRIPT = textwrap.dedent(
     """
