@@ -14,7 +14,7 @@ import jdtr
 from jdtr import models
 from jdtr.transform.checkpoint_plan import PolicyWarning
 from jdtr.transform.costly import hidden_residuals, rerun_cost
-from jdtr.transform.program import Equation, signature
+from jdtr.transform.program import Equation
 from jdtr.transform.segments import Segment, recompute_cost
 
 
