@@ -451,6 +451,18 @@ def test_value_and_grad_has_aux_and_argnums():
     assert_trees_close((value, aux, grads), (rvalue, raux, rgrads), rtol=1e-4, atol=1e-6)
 
 
+def test_an_aux_value_jit_cannot_return_is_refused_naming_the_users_function():
+    """The compiled path returns what a jitted step can, as `jax.jit(jax.grad)`;
+    JAX's error names the user's function, as it does there, not jdtr's
+    wrapper of it (it named `flat at jdtr/transform/arguments.py`)."""
+
+    def labelled_loss(w):
+        return jnp.sum(w**2), {"label": "a string"}
+
+    with pytest.raises(TypeError, match=r"labelled_loss at .*test_plan\.py.*output component \[1\]\['label'\]"):
+        jdtr.remat_grad(labelled_loss, has_aux=True, budget=1.0)(jnp.ones(3))
+
+
 def test_policy_is_frozen_hashable_and_works_with_jax_checkpoint():
     m = model("mlp")
     plan = dataclasses.replace(plan_of("mlp", 0.5))  # a fresh object: `policy` is computed (and warns) once each

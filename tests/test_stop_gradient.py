@@ -6,7 +6,9 @@ A protected segment's inputs, and the operand the "select" gate taints,
 entered as values JAX differentiates, so a `while_loop` on `stop_gradient`
 of the weights, nested two segments deep, failed to trace: "Reverse-mode
 differentiation does not work for lax.while_loop" (`checkpoint.py`,
-`tangent_carriers`)."""
+`tangent_carriers`). So did its dual, a segment's outputs: the iteration run
+on the weights themselves and `stop_gradient` taken of its result in the
+next segment (`cotangent_receivers`)."""
 
 from __future__ import annotations
 
@@ -17,6 +19,8 @@ import pytest
 
 import jdtr
 from jdtr.transform import checkpoint, planning
+from jdtr.transform.program import Equation
+from jdtr.transform.segments import Segment
 
 
 def _spectral_norm(w):
@@ -36,14 +40,32 @@ def _spectral_norm(w):
     return w / (u @ w @ v)
 
 
-def _model():
+def _iterated_then_stopped(w):
+    """`_spectral_norm` as it is also written: the power iteration on `w`
+    itself, `stop_gradient` of what it finds. The loop carries a derivative
+    that no cotangent reaches; `jax.grad` never transposes it."""
+
+    def body(carry):
+        u, v, i = carry
+        v = w.T @ u
+        v = v / jnp.linalg.norm(v)
+        u = w @ v
+        return u / jnp.linalg.norm(u), v, i + 1
+
+    n = w.shape[0]
+    u, v, _ = jax.lax.while_loop(lambda c: c[2] < 10, body, (jnp.ones(n) / n, jnp.ones(n) / n, 0))
+    u, v = jax.lax.stop_gradient((u, v))
+    return w / (u @ w @ v)
+
+
+def _model(normalise=_spectral_norm):
     keys = jax.random.split(jax.random.PRNGKey(0), 5)
     ws = [jax.random.normal(keys[i], (64, 64)) * 0.3 for i in range(4)]
     x = jax.random.normal(keys[4], (128, 64))
 
     def loss(ws, x):
         for w in ws:
-            x = jax.nn.leaky_relu(x @ _spectral_norm(w))
+            x = jax.nn.leaky_relu(x @ normalise(w))
         return jnp.mean(x**2)
 
     return loss, ws, x
@@ -112,3 +134,59 @@ def test_tangent_carriers_leave_out_stop_gradient_and_inputs_not_differentiated(
     assert set(program.inputs[:4]) <= carriers and program.inputs[4] not in carriers
     assert set(program.outputs[:1]) <= carriers  # the loss
     assert program.inputs[4] in checkpoint.tangent_carriers(program, None)
+
+
+def _one_segment_per_equation(program):
+    """Every equation of the forward body in a checkpoint of its own: a cut
+    between each loop and the `stop_gradient` of its result."""
+    last = {v: i for i, item in enumerate(program.body) for v in item.args}
+    last.update((v, len(program.body)) for v in program.outputs if not hasattr(v, "value"))
+    segments = []
+    for i, item in enumerate(program.body):
+        assert isinstance(item, Equation)
+        outputs = tuple(v for v in item.outputs if last.get(v, -1) > i)
+        segments.append(Segment(i, i, i + 1, tuple(dict.fromkeys(item.args)), outputs, (), ()))
+    return segments
+
+
+@pytest.mark.parametrize("gate", ["auto", "cond", "taint"])
+def test_a_while_loop_whose_result_is_stopped_runs_in_a_segment_of_its_own(gate, monkeypatch):
+    loss, ws, x = _model(_iterated_then_stopped)
+    expected = jax.grad(loss)(ws, x)
+    (program, _), *_ = _segments_at(loss, ws, x, 0.5, monkeypatch)
+    segments = _one_segment_per_equation(program)
+    loops = [seg for seg in segments if program.body[seg.start].name == "while"]
+    assert len(loops) == 4 and all(seg.outputs for seg in loops)  # the premise: each loop's result leaves its segment
+
+    def f(*leaves):
+        return checkpoint.run_segments(program, segments, leaves, "protected", gate, False, [True] * 4 + [False])[0]
+
+    _close(jax.jit(jax.grad(f, (0, 1, 2, 3)))(*ws, x), expected)
+    plain = lambda *leaves: checkpoint.run_segments(program, segments, leaves, "checkpoint", gate, False, None)[0]  # noqa: E731
+    _close(jax.grad(plain, (0, 1, 2, 3))(*ws, x), expected)
+
+
+def test_plans_of_a_spectral_norm_iterated_on_the_weights_give_jax_grads():
+    loss, ws, x = _model(_iterated_then_stopped)
+    expected = jax.grad(loss)(ws, x)
+    for budget in (0.9, 0.7):
+        try:
+            plan = jdtr.plan(loss, ws, x, budget=budget, autotune=False)
+        except jdtr.OutOfBudgetError as err:
+            plan = jdtr.plan(loss, ws, x, budget=err.suggested_budget_bytes, autotune=False)
+        assert plan.segments, plan.origin  # (the premise: a plan with checkpoints)
+        _close(jax.jit(plan.grad)(ws, x), expected)
+
+
+def test_cotangent_receivers_leave_out_what_only_stop_gradient_reads(monkeypatch):
+    """What a cotangent reaches: the loss and what makes it, the weights
+    among them, but not the loops' results, read by `stop_gradient` alone;
+    with every output differentiated (`differentiated=None`), the same here."""
+    loss, ws, x = _model(_iterated_then_stopped)
+    (program, _), *_ = _segments_at(loss, ws, x, 0.5, monkeypatch)
+    receivers = checkpoint.cotangent_receivers(program, [True] * 4 + [False])
+    equations = [item for item in program.body if isinstance(item, Equation)]
+    iterated = {v for item in equations if item.name == "while" for v in item.outputs}
+    assert len(iterated) == 12 and not iterated & receivers
+    assert set(program.inputs) <= receivers and set(program.outputs[:1]) <= receivers
+    assert checkpoint.cotangent_receivers(program, None) == receivers

@@ -290,6 +290,7 @@ class Arguments:
     def bind(self, fun: Callable) -> Callable:
         """`fun(*args, **kwargs)` as a function of the traced leaves, the statics filled in."""
 
+        @functools.wraps(fun)  # (JAX's errors about what `fun` returns name it, not `flat`)
         def flat(*traced):
             args, kwargs = self.unflatten(traced)
             return fun(*args, **kwargs)

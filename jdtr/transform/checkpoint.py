@@ -235,7 +235,8 @@ def run_segments(
     checkpoint (protected ones gated by `gate`, one of `GATES`); with
     `tied`, random bits tied to the value made before them (`_Anchor`).
     `differentiated` says, per input, whether it is differentiated (None:
-    all may be)."""
+    all may be; given, the first output alone is, the loss, as `jax.grad`
+    with `has_aux` differentiates it)."""
     implementation = "protected" if protects(implementation) else "checkpoint"
     env = dict(zip(program.inputs, leaves))
     consts = dict(program.consts)
@@ -243,9 +244,10 @@ def run_segments(
     done = 0  # equations outside every segment run as they are (all of them in a plan without remat)
     anchor = _Anchor(consts) if tied else None
     carriers = tangent_carriers(program, differentiated)
+    receivers = cotangent_receivers(program, differentiated)
     for seg in segments:
         _run_items(program.body[done : seg.start], env, anchor=anchor)
-        _run_segment(program, seg, env, consts, implementation, gate, tied=tied, carriers=carriers)
+        _run_segment(program, seg, env, consts, implementation, gate, tied=tied, carriers=carriers, receivers=receivers)
         if anchor is not None:
             anchor.see(seg.outputs, [env[v] for v in seg.outputs])
         done = seg.stop
@@ -275,9 +277,33 @@ def tangent_carriers(program: Program, differentiated: Optional[Sequence[bool]])
     return carriers
 
 
+def cotangent_receivers(program: Program, differentiated: Optional[Sequence[bool]]) -> set:
+    """The values of `program` a cotangent may reach: the outputs
+    differentiated (the loss alone where `differentiated` is given, as in
+    `run_segments`; every output where it is None), and what the items
+    making a receiver read, other than through `stop_gradient`.
+
+    The dual of `tangent_carriers`. A segment's outputs leave its checkpoint
+    as values JAX differentiates, so a value whose cotangent the program
+    makes zero got one there: a spectral norm's power iteration in a
+    `while_loop` on the weights themselves, `stop_gradient` taken of its
+    result in the next segment, failed ("Reverse-mode differentiation does
+    not work for lax.while_loop"), where `jax.grad` never transposes the
+    loop. The others leave through `stop_gradient` (`_run_segment`)."""
+    outputs = program.outputs[:1] if differentiated is not None else program.outputs
+    receivers = {a for a in outputs if isinstance(a, Value)}
+    for item in reversed(program.body):
+        if isinstance(item, Equation) and item.name == "stop_gradient":
+            continue
+        if any(v in receivers for v in item.outputs):
+            reads = item.operands if isinstance(item, Cond) else item.args
+            receivers.update(a for a in reads if isinstance(a, Value))
+    return receivers
+
+
 def _run_segment(
     program: Program, seg: Segment, env: dict, consts: dict, implementation: str, gate: str, taint: Any = None,
-    tied: bool = False, carriers: Optional[set] = None,
+    tied: bool = False, carriers: Optional[set] = None, receivers: Optional[set] = None,
 ) -> None:
     """Runs `seg` in its own checkpoint (its children nested inside); adds its outputs to `env`.
 
@@ -286,7 +312,8 @@ def _run_segment(
     parent's values (only over the program's constants). So is the taint of
     a segment gated by "select", which its children take from it. An input
     that carries no derivative (`tangent_carriers`) enters through
-    `stop_gradient`, as JAX sees it outside the checkpoint."""
+    `stop_gradient`, as JAX sees it outside the checkpoint, and an output
+    no cotangent reaches (`cotangent_receivers`) leaves through it."""
     inputs = [v for v in seg.inputs if v not in consts]
     selected = implementation == "protected" and (
         taint is not None
@@ -300,7 +327,7 @@ def _run_segment(
         local = {**consts, **dict(zip(inputs, xs))}
         if seg.children:
             for child in seg.children:
-                _run_segment(program, child, local, consts, implementation, gate, own, tied, carriers)
+                _run_segment(program, child, local, consts, implementation, gate, own, tied, carriers, receivers)
         else:
             anchor = None
             if tied:
@@ -308,7 +335,10 @@ def _run_segment(
                 anchor = _Anchor(consts)
                 anchor.see(ordered, [local[v] for v in ordered])
             _run_items(program.body[seg.start : seg.stop], local, set(seg.saved), own, anchor, carriers)
-        return [local[v] for v in seg.outputs]
+        return [
+            local[v] if receivers is None or v in receivers or not is_float(v) else lax.stop_gradient(local[v])
+            for v in seg.outputs
+        ]
 
     args = [env[v] if carriers is None or v in carriers or not is_float(v) else lax.stop_gradient(env[v]) for v in inputs]
     floats = [is_float(v) for v in inputs]
