@@ -147,7 +147,10 @@ def remat_grad(
     `jax.grad(fun)` (arguments + outputs + temporaries). `implementation`
     and `autotune` as in `jdtr.plan`; `holomorphic` and `allow_int` as in
     `jax.grad` (integer leaves of the differentiated arguments get `float0`
-    zeros).
+    zeros). The step is compiled, called on arrays too, so an aux value
+    (`has_aux`) holds what a jitted function may return, as under
+    `jax.jit(jax.grad)`: arrays and numbers, not strings (`jdtr.grad`
+    returns any aux value, as `jax.grad` does).
 
     Example:
       >>> step_grad = jax.jit(jdtr.remat_grad(loss, budget="2GiB"))
