@@ -321,3 +321,36 @@ def test_a_cond_on_constants_alone_is_decided_when_traced():
     g = jdtr.grad(lambda w, x, s: layered(w, x, s), budget=1.0)
     g(*arguments([1.0] * 3))
     assert _conds_within(next(iter(g.cache.values())).program) == 6  # three forward, three in the gradient
+
+
+def test_a_scan_whose_body_branches_on_data_runs_by_paths_where_it_is_unrolled():
+    """A kept scan hides the `cond` in its body; where no scan strategy fits
+    the budget, the plan is of the scan unrolled, whose `cond`s are on data.
+    That plan was made as if there were none (the caller's path was of the
+    program as traced): its run went by the branches it guessed, and every
+    gradient was zero. Its run is by paths, on inputs whose predicates
+    take either branch in every iteration."""
+    weights = jax.random.normal(jax.random.PRNGKey(0), (4, 32, 32)) / np.sqrt(32)
+
+    def loss(ws, x):
+        def body(h, w):
+            h = jnp.tanh(h @ w)
+            return jax.lax.cond(jnp.mean(h) > 0, lambda g: g * 1.5, lambda g: jnp.tanh(g @ w), h), None
+
+        h, _ = jax.lax.scan(body, x, ws)
+        return jnp.mean(h**2)
+
+    step = jdtr.grad(loss, budget=0.3, return_stats=True, chunks="always")
+    taken = set()
+    for i in range(4):
+        x = jax.random.normal(jax.random.PRNGKey(1 + i), (64, 32)) * (1 + i % 3) - (i % 2)
+        grads, stats = step(weights, x)
+        assert stats.scans.startswith("unrolled"), stats.scans  # the premise: no strategy fits
+        assert stats.peak_bytes <= stats.budget_bytes and stats.rematerializations > 0
+        assert_grads(grads, jax.grad(loss)(weights, x))
+        h = x
+        for w in weights:  # the branches this input takes
+            h = jnp.tanh(h @ w)
+            taken.add(bool(jnp.mean(h) > 0))
+            h = h * 1.5 if jnp.mean(h) > 0 else jnp.tanh(h @ w)
+    assert taken == {True, False}

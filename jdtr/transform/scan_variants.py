@@ -42,7 +42,7 @@ from ..runtime import Heuristic, OutOfBudgetError
 from . import _jax_core
 from .collection import collection_paused
 from .normalize import keepable_scan
-from .planner import QUICK_OVERHEAD, THRASH_OVERHEAD, PlannedRun, plan_run
+from .planner import QUICK_OVERHEAD, THRASH_OVERHEAD, PlannedRun, branching, plan_run
 from .program import Program
 from .scans import STRATEGIES, ScanStrategy, cuts_a_body, for_length, kept_scans, run_scan
 
@@ -170,6 +170,19 @@ class ScanVariants:
         return self.run_as(for_length(strategy, self.longest()))
 
 
+def path_of(program: Program, path: Optional[Sequence[int]]) -> Optional[Sequence[int]]:
+    """The path a plan of `program` starts by (`paths.py`): the caller's,
+    or nothing read yet (`()`), where `program` has a `cond` on data; None
+    where it has none. The caller's is of the program as first traced,
+    whose kept scans hide the `cond`s in their bodies: unrolled, a scan
+    whose body branches on data is a program that does. Planned as if it
+    did not, its run went by the branches it guessed (the largest), not by
+    those its predicates took: every gradient was wrong."""
+    if not branching(program):
+        return None
+    return () if path is None else path
+
+
 @collection_paused()  # it traces the strategies' programs, as the first trace did, with the collector paused
 def plan_strategies(
     variants: ScanVariants,
@@ -198,7 +211,7 @@ def plan_strategies(
         if best is not None and cost >= best[0]:
             break  # it recomputes more than the best plan does in all
         try:
-            plan = plan_run(program, budget_bytes, heuristic, dealloc, owned, quick=quick, path=path, suggest=False)
+            plan = plan_run(program, budget_bytes, heuristic, dealloc, owned, quick=quick, path=path_of(program, path), suggest=False)
         except OutOfBudgetError:
             continue
         total = cost + plan.counters.remat_cost
@@ -213,7 +226,9 @@ def plan_strategies(
         # nothing does).
         program = variants.program(None)
         try:
-            plan = plan_run(program, budget_bytes, heuristic, dealloc, owned, quick=quick, path=path, suggest=best is None)
+            plan = plan_run(
+                program, budget_bytes, heuristic, dealloc, owned, quick=quick, path=path_of(program, path), suggest=best is None
+            )
         except OutOfBudgetError:
             if best is None:
                 raise
@@ -234,7 +249,7 @@ def first_plan(traced: Any, budget_bytes: int, heuristic, dealloc: str, owned: l
     the plan with their bodies inlined (`manual.py`) if it does better."""
     try:
         if traced.variants is None:
-            plan = plan_run(traced.program, budget_bytes, heuristic, dealloc, owned, quick=True, path=path)
+            plan = plan_run(traced.program, budget_bytes, heuristic, dealloc, owned, quick=True, path=path_of(traced.program, path))
         else:
             plan = plan_strategies(traced.variants, budget_bytes, heuristic, dealloc, owned, quick=True, path=path)
     except OutOfBudgetError as err:
@@ -256,6 +271,6 @@ def first_plan(traced: Any, budget_bytes: int, heuristic, dealloc: str, owned: l
 
 
 def _inlined(program, budget_bytes: int, heuristic, dealloc: str, owned: list, path, suggest: bool = False) -> PlannedRun:
-    plan = plan_run(program, budget_bytes, heuristic, dealloc, owned, quick=True, path=path, suggest=suggest)
+    plan = plan_run(program, budget_bytes, heuristic, dealloc, owned, quick=True, path=path_of(program, path), suggest=suggest)
     plan.program = program
     return plan
