@@ -23,27 +23,9 @@ from jdtr.transform.program import Equation
 from jdtr.transform.segments import Segment
 
 
-def _spectral_norm(w):
-    """`w` over its largest singular value, by 10 steps of power iteration
-    in a `while_loop` on `stop_gradient(w)` (the iteration carries no derivative)."""
-    frozen = jax.lax.stop_gradient(w)
-
-    def body(carry):
-        u, v, i = carry
-        v = frozen.T @ u
-        v = v / jnp.linalg.norm(v)
-        u = frozen @ v
-        return u / jnp.linalg.norm(u), v, i + 1
-
-    n = w.shape[0]
-    u, v, _ = jax.lax.while_loop(lambda c: c[2] < 10, body, (jnp.ones(n) / n, jnp.ones(n) / n, 0))
-    return w / (u @ w @ v)
-
-
-def _iterated_then_stopped(w):
-    """`_spectral_norm` as it is also written: the power iteration on `w`
-    itself, `stop_gradient` of what it finds. The loop carries a derivative
-    that no cotangent reaches; `jax.grad` never transposes it."""
+def _power_iteration(w):
+    """The singular vectors of `w`'s largest singular value, by 10 steps of
+    power iteration in a `while_loop`."""
 
     def body(carry):
         u, v, i = carry
@@ -54,7 +36,21 @@ def _iterated_then_stopped(w):
 
     n = w.shape[0]
     u, v, _ = jax.lax.while_loop(lambda c: c[2] < 10, body, (jnp.ones(n) / n, jnp.ones(n) / n, 0))
-    u, v = jax.lax.stop_gradient((u, v))
+    return u, v
+
+
+def _spectral_norm(w):
+    """`w` over its largest singular value, the iteration on
+    `stop_gradient(w)` (it carries no derivative)."""
+    u, v = _power_iteration(jax.lax.stop_gradient(w))
+    return w / (u @ w @ v)
+
+
+def _iterated_then_stopped(w):
+    """`_spectral_norm` as it is also written: the power iteration on `w`
+    itself, `stop_gradient` of what it finds. The loop carries a derivative
+    that no cotangent reaches; `jax.grad` never transposes it."""
+    u, v = jax.lax.stop_gradient(_power_iteration(w))
     return w / (u @ w @ v)
 
 
