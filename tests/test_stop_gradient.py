@@ -158,7 +158,9 @@ def test_a_while_loop_whose_result_is_stopped_runs_in_a_segment_of_its_own(gate,
         return checkpoint.run_segments(program, segments, leaves, "protected", gate, False, [True] * 4 + [False])[0]
 
     _close(jax.jit(jax.grad(f, (0, 1, 2, 3)))(*ws, x), expected)
-    plain = lambda *leaves: checkpoint.run_segments(program, segments, leaves, "checkpoint", gate, False, None)[0]  # noqa: E731
+    def plain(*leaves):
+        return checkpoint.run_segments(program, segments, leaves, "checkpoint", gate, False, None)[0]
+
     _close(jax.grad(plain, (0, 1, 2, 3))(*ws, x), expected)
 
 

@@ -211,7 +211,8 @@ def plan_strategies(
         if best is not None and cost >= best[0]:
             break  # it recomputes more than the best plan does in all
         try:
-            plan = plan_run(program, budget_bytes, heuristic, dealloc, owned, quick=quick, path=path_of(program, path), suggest=False)
+            at = path_of(program, path)
+            plan = plan_run(program, budget_bytes, heuristic, dealloc, owned, quick=quick, path=at, suggest=False)
         except OutOfBudgetError:
             continue
         total = cost + plan.counters.remat_cost
@@ -226,9 +227,9 @@ def plan_strategies(
         # nothing does).
         program = variants.program(None)
         try:
-            plan = plan_run(
-                program, budget_bytes, heuristic, dealloc, owned, quick=quick, path=path_of(program, path), suggest=best is None
-            )
+            at = path_of(program, path)
+            suggest = best is None  # (where a strategy fits, its plan stands: no budget to search for)
+            plan = plan_run(program, budget_bytes, heuristic, dealloc, owned, quick=quick, path=at, suggest=suggest)
         except OutOfBudgetError:
             if best is None:
                 raise
@@ -249,7 +250,8 @@ def first_plan(traced: Any, budget_bytes: int, heuristic, dealloc: str, owned: l
     the plan with their bodies inlined (`manual.py`) if it does better."""
     try:
         if traced.variants is None:
-            plan = plan_run(traced.program, budget_bytes, heuristic, dealloc, owned, quick=True, path=path_of(traced.program, path))
+            at = path_of(traced.program, path)
+            plan = plan_run(traced.program, budget_bytes, heuristic, dealloc, owned, quick=True, path=at)
         else:
             plan = plan_strategies(traced.variants, budget_bytes, heuristic, dealloc, owned, quick=True, path=path)
     except OutOfBudgetError as err:
@@ -271,6 +273,7 @@ def first_plan(traced: Any, budget_bytes: int, heuristic, dealloc: str, owned: l
 
 
 def _inlined(program, budget_bytes: int, heuristic, dealloc: str, owned: list, path, suggest: bool = False) -> PlannedRun:
-    plan = plan_run(program, budget_bytes, heuristic, dealloc, owned, quick=True, path=path_of(program, path), suggest=suggest)
+    at = path_of(program, path)
+    plan = plan_run(program, budget_bytes, heuristic, dealloc, owned, quick=True, path=at, suggest=suggest)
     plan.program = program
     return plan
