@@ -354,3 +354,8 @@ def test_a_scan_whose_body_branches_on_data_runs_by_paths_where_it_is_unrolled()
             taken.add(bool(jnp.mean(h) > 0))
             h = h * 1.5 if jnp.mean(h) > 0 else jnp.tanh(h @ w)
     assert taken == {True, False}
+    # With a timeline, the run is the online one, as for any program with `cond`s on data
+    # (the events of a run by paths would be a guessed path's simulation).
+    grads, stats = jdtr.grad(loss, budget=0.3, return_stats=True, timeline=True)(weights, x)
+    assert stats.execution == "online" and stats.timeline
+    assert_grads(grads, jax.grad(loss)(weights, x))

@@ -170,17 +170,15 @@ class ScanVariants:
         return self.run_as(for_length(strategy, self.longest()))
 
 
-def path_of(program: Program, path: Optional[Sequence[int]]) -> Optional[Sequence[int]]:
-    """The path a plan of `program` starts by (`paths.py`): the caller's,
-    or nothing read yet (`()`), where `program` has a `cond` on data; None
-    where it has none. The caller's is of the program as first traced,
-    whose kept scans hide the `cond`s in their bodies: unrolled, a scan
-    whose body branches on data is a program that does. Planned as if it
-    did not, its run went by the branches it guessed (the largest), not by
-    those its predicates took: every gradient was wrong."""
-    if not branching(program):
-        return None
-    return () if path is None else path
+def path_of(program: Program) -> Optional[tuple[int, ...]]:
+    """The path a plan of `program` starts by (`paths.py`): nothing read yet,
+    `()`, where `program` has a `cond` on data; None where it has none.
+    Decided per program planned, not once per call: the program as first
+    traced keeps its scans whole, which hide the `cond`s in their bodies,
+    and unrolled, a scan whose body branches on data is a program that does.
+    Planned as if it did not, its run went by the branches it guessed (the
+    largest), not by those its predicates took: every gradient was wrong."""
+    return () if branching(program) else None
 
 
 @collection_paused()  # it traces the strategies' programs, as the first trace did, with the collector paused
@@ -191,7 +189,6 @@ def plan_strategies(
     dealloc: str,
     owned: Sequence[bool],
     quick: bool,
-    path: Optional[Sequence[int]],
 ) -> PlannedRun:
     """The plan of least total compute over the strategies (or unrolled),
     with the program it is of, what it does with the scans, and the cost of
@@ -211,7 +208,7 @@ def plan_strategies(
         if best is not None and cost >= best[0]:
             break  # it recomputes more than the best plan does in all
         try:
-            at = path_of(program, path)
+            at = path_of(program)
             plan = plan_run(program, budget_bytes, heuristic, dealloc, owned, quick=quick, path=at, suggest=False)
         except OutOfBudgetError:
             continue
@@ -227,8 +224,7 @@ def plan_strategies(
         # nothing does).
         program = variants.program(None)
         try:
-            at = path_of(program, path)
-            suggest = best is None  # (where a strategy fits, its plan stands: no budget to search for)
+            at, suggest = path_of(program), best is None
             plan = plan_run(program, budget_bytes, heuristic, dealloc, owned, quick=quick, path=at, suggest=suggest)
         except OutOfBudgetError:
             if best is None:
@@ -243,28 +239,28 @@ def plan_strategies(
     return plan
 
 
-def first_plan(traced: Any, budget_bytes: int, heuristic, dealloc: str, owned: list, path) -> PlannedRun:
+def first_plan(traced: Any, budget_bytes: int, heuristic, dealloc: str, owned: list) -> PlannedRun:
     """A structure's first plan at this budget: of its program or, where its
     scans are kept whole, of the scan strategy that computes least; where
     that does not fit or recomputes much, and the program has `shard_map`s,
     the plan with their bodies inlined (`manual.py`) if it does better."""
     try:
         if traced.variants is None:
-            at = path_of(traced.program, path)
-            plan = plan_run(traced.program, budget_bytes, heuristic, dealloc, owned, quick=True, path=at)
+            program = traced.program
+            plan = plan_run(program, budget_bytes, heuristic, dealloc, owned, quick=True, path=path_of(program))
         else:
-            plan = plan_strategies(traced.variants, budget_bytes, heuristic, dealloc, owned, quick=True, path=path)
+            plan = plan_strategies(traced.variants, budget_bytes, heuristic, dealloc, owned, quick=True)
     except OutOfBudgetError as err:
         inlined = traced.inlined()
         if inlined is None:
             raise
         try:
-            return _inlined(inlined, budget_bytes, heuristic, dealloc, owned, path, suggest=True)
+            return _inlined(inlined, budget_bytes, heuristic, dealloc, owned, suggest=True)
         except OutOfBudgetError as other:  # the error that suggests the smaller budget
             raise min((err, other), key=lambda e: e.suggested_budget_bytes or float("inf")) from None
     if plan.overhead > INLINE_ABOVE and traced.inlined() is not None:
         try:
-            inlined = _inlined(traced.inlined(), budget_bytes, heuristic, dealloc, owned, path)
+            inlined = _inlined(traced.inlined(), budget_bytes, heuristic, dealloc, owned)
         except OutOfBudgetError:
             return plan
         if inlined.overhead < plan.overhead:
@@ -272,8 +268,8 @@ def first_plan(traced: Any, budget_bytes: int, heuristic, dealloc: str, owned: l
     return plan
 
 
-def _inlined(program, budget_bytes: int, heuristic, dealloc: str, owned: list, path, suggest: bool = False) -> PlannedRun:
-    at = path_of(program, path)
+def _inlined(program, budget_bytes: int, heuristic, dealloc: str, owned: list, suggest: bool = False) -> PlannedRun:
+    at = path_of(program)
     plan = plan_run(program, budget_bytes, heuristic, dealloc, owned, quick=True, path=at, suggest=suggest)
     plan.program = program
     return plan
