@@ -405,6 +405,24 @@ def test_under_jit_gives_a_clear_error():
         jax.jit(jdtr.grad(lambda v: jnp.sum(v**2)))(jnp.ones(3))
 
 
+def test_a_call_staged_on_arrays_it_closes_over_gives_the_same_clear_error():
+    """Under jit, or in a scan body, jdtr.grad of concrete arrays the caller
+    closes over: no argument is a tracer, but everything it would run is
+    staged. Before, XLA options of its executables failed as "nested jit"
+    (on the CPU) with nothing said of jdtr.grad. Under vmap alone, arrays
+    vmap does not trace still run, and the gradients are jax.grad's."""
+    w, x = jnp.ones((8, 8)) / 8, jnp.linspace(-1.0, 1.0, 32).reshape(4, 8)
+    loss = lambda w, x: jnp.mean(jnp.tanh(x @ w) ** 2)
+    step = jdtr.grad(loss)
+    with pytest.raises(TypeError, match="inside jit, or in a scan, cond or checkpoint body"):
+        jax.jit(lambda: step(w, x))()
+    with pytest.raises(TypeError, match="inside jit, or in a scan, cond or checkpoint body"):
+        jax.lax.scan(lambda c, _: (c + jnp.sum(step(w, x)), None), 0.0, None, length=2)
+    scaled = jax.vmap(lambda s: s * step(w, x))(jnp.arange(2.0))
+    np.testing.assert_allclose(scaled[1], jax.grad(loss)(w, x), rtol=1e-6)
+    np.testing.assert_allclose(step(w, x), jax.grad(loss)(w, x), rtol=1e-6)  # and at the top level again
+
+
 def test_static_python_arguments_select_structure():
     def loss(w, depth):
         h = w

@@ -396,6 +396,18 @@ def is_tracer(x: Any) -> bool:
     return isinstance(x, jax.core.Tracer)
 
 
+def staging() -> bool:
+    """Whether operations are staged into a program now rather than run: under
+    `jit`, or in a `scan`, `cond` or `checkpoint` body, where even an
+    operation on concrete arrays gives a tracer. (Under `vmap` or `grad`
+    alone, one on arrays they do not trace still runs.)"""
+    from jax._src import core
+
+    if isinstance(core.trace_ctx.trace, core.EvalTrace):  # (the top level: every jdtr.grad call asks)
+        return False
+    return is_tracer(jax.lax.neg(np.float32(0)))
+
+
 def traced_sharding(x: Any) -> Optional[Any]:
     """The sharding a tracer's type carries (a mesh with `Explicit` axes),
     over an abstract mesh: the context's (`jax.set_mesh`), or, where none is

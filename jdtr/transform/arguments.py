@@ -319,6 +319,13 @@ def flatten_arguments(
             )
     diff = {i % len(args) for i in argnum_tuple}
     if eager:
+        if _jax_core.staging():
+            # Its arrays may be concrete (closed over), but what it would run is
+            # staged into the caller's program: freeing and counting buffers means nothing there.
+            raise TypeError(
+                "jdtr.grad runs eagerly and cannot be called inside jit, or in a scan, cond or checkpoint body, "
+                "even on arrays that are not traced. Use jdtr.remat_grad inside jit, or call jdtr.grad outside it."
+            )
         return _flatten_concrete(args, kwargs, diff)
     paths, treedef = jax.tree_util.tree_flatten_with_path((args, kwargs))
     leaves, specs, flags = [], [], []
