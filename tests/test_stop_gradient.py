@@ -188,3 +188,45 @@ def test_cotangent_receivers_leave_out_what_only_stop_gradient_reads(monkeypatch
     assert len(iterated) == 12 and not iterated & receivers
     assert set(program.inputs) <= receivers and set(program.outputs[:1]) <= receivers
     assert checkpoint.cotangent_receivers(program, None) == receivers
+
+
+def _statistics_mlp(tap):
+    """8 tanh layers of 32, batch 2,048, and a statistic each layer updates
+    from its activation by `tap`, passed in and returned as aux (as a
+    BatchNorm's running statistics are state)."""
+    keys = jax.random.split(jax.random.PRNGKey(1), 10)
+    ws = [(jax.random.normal(keys[i], (32, 32)) / 6, jnp.zeros(32)) for i in range(8)]
+    x, y = jax.random.normal(keys[8], (2048, 32)), jax.random.normal(keys[9], (2048, 32))
+
+    def loss(ws, x, y, stat):
+        for w, b in ws:
+            x = jnp.tanh(x @ w + b)
+            stat = 0.9 * stat + 0.1 * tap(x)
+        return jnp.mean((x - y) ** 2), stat
+
+    return loss, (ws, x, y, jnp.zeros(32))
+
+
+def _compiled_bytes(fn, *args) -> int:
+    m = jax.jit(fn).lower(*args).compile().memory_analysis()
+    return m.argument_size_in_bytes + m.output_size_in_bytes + m.temp_size_in_bytes - m.alias_size_in_bytes
+
+
+@pytest.mark.skipif(jax.default_backend() != "cpu", reason="the fence is the protected checkpoints' (the CPU's)")
+def test_an_aux_value_tapped_off_every_layer_leaves_the_activations_to_the_plan():
+    """XLA fuses the chain of aux updates into one loop at its end, reading
+    every layer's activation (`x[0]` here), so each was held through the
+    forward pass whatever the segments: no plan came under `jax.grad`'s own
+    bytes (the error suggested 1.0 of them). The taps are fenced where their
+    segment makes them (`checkpoint._fenced`): a plan fits at 0.8 (0.73 of
+    them), and the aux value is `jax.value_and_grad`'s, bit for bit."""
+    loss, args = _statistics_mlp(lambda x: x[0])
+    full = _compiled_bytes(jax.grad(loss, has_aux=True), *args)
+    plan = jdtr.plan(loss, *args, budget=0.8, has_aux=True, autotune=False)
+    assert plan.compiled_bytes <= 0.8 * full and plan.segments
+    assert plan.compiled_bytes == _compiled_bytes(jdtr.remat_grad(loss, budget=plan.budget_bytes, has_aux=True, autotune=False), *args)
+    grads, stat = jax.jit(jdtr.remat_grad(loss, budget=0.8, has_aux=True, autotune=False))(*args)
+    (_, expected_stat), expected = jax.jit(jax.value_and_grad(loss, has_aux=True))(*args)
+    np.testing.assert_array_equal(np.asarray(stat), np.asarray(expected_stat))
+    for g, e in zip(jax.tree.leaves(grads), jax.tree.leaves(expected)):
+        np.testing.assert_allclose(np.asarray(g), np.asarray(e), rtol=1e-5, atol=1e-7)
