@@ -123,7 +123,7 @@ class _Anchor:
 
 def _run_items(
     items: Sequence, env: dict, names: Optional[set] = None, taint: Any = None, anchor: Optional[_Anchor] = None,
-    carriers: Optional[set] = None, receivers: Optional[set] = None,
+    carriers: Optional[set] = None, taps: Optional[set] = None,
 ) -> None:
     """Evaluates program items on traced values; names the outputs in `names`.
 
@@ -131,7 +131,8 @@ def _run_items(
     backward pass recomputes (only the segment's inputs and the values it
     saves, `names`) gets it added to its smallest float operand; the others
     read a recomputed value already, which differs from its forward twin.
-    With an `anchor`, random bits are tied to the value made last before them."""
+    With an `anchor`, random bits are tied to the value made last before them.
+    Values in `taps` (`aux_taps`) are fenced where they are made (`_fenced`)."""
     recomputed: set = set()
     for item in items:
         if isinstance(item, Equation):
@@ -150,7 +151,7 @@ def _run_items(
             for v, out in zip(item.outputs, outs):
                 if names is not None and v in names:
                     out = named(out, NAME_PREFIX + str(v.id))
-                if receivers is not None and _tapped(item, v, receivers):
+                if taps is not None and v in taps:
                     out = _fenced(out)
                 env[v] = out
         else:
@@ -247,9 +248,10 @@ def run_segments(
     anchor = _Anchor(consts) if tied else None
     carriers = tangent_carriers(program, differentiated)
     receivers = cotangent_receivers(program, differentiated)
+    taps = aux_taps(program, differentiated) if implementation == "protected" else None
     for seg in segments:
         _run_items(program.body[done : seg.start], env, anchor=anchor)
-        _run_segment(program, seg, env, consts, implementation, gate, tied=tied, carriers=carriers, receivers=receivers)
+        _run_segment(program, seg, env, consts, implementation, gate, tied=tied, carriers=carriers, receivers=receivers, taps=taps)
         if anchor is not None:
             anchor.see(seg.outputs, [env[v] for v in seg.outputs])
         done = seg.stop
@@ -303,9 +305,31 @@ def cotangent_receivers(program: Program, differentiated: Optional[Sequence[bool
     return receivers
 
 
+def aux_taps(program: Program, differentiated: Optional[Sequence[bool]]) -> set:
+    """The floats of `program` made for aux outputs alone, each from a
+    value a cotangent reaches at least twice its size: a statistic of an
+    activation (`x[0]`, a running mean) that nothing making the loss reads,
+    not even through `stop_gradient` or a predicate (as a softmax's `max`
+    is read). Protected segments fence them (`_fenced`). Empty where every
+    output is differentiated (`differentiated` None: no aux)."""
+    if differentiated is None:
+        return set()
+    receivers = cotangent_receivers(program, differentiated)
+    feeding = {a for a in program.outputs[:1] if isinstance(a, Value)}  # what the loss is made from
+    for item in reversed(program.body):
+        if any(v in feeding for v in item.outputs):
+            feeding.update(a for a in item.args if isinstance(a, Value))
+    taps = set()
+    for item in program.body:
+        if isinstance(item, Equation):
+            tapped = max((a.nbytes for a in item.args if isinstance(a, Value) and a in receivers and is_float(a)), default=0)
+            taps.update(v for v in item.outputs if is_float(v) and v not in feeding and 2 * v.nbytes <= tapped)
+    return taps
+
+
 def _run_segment(
     program: Program, seg: Segment, env: dict, consts: dict, implementation: str, gate: str, taint: Any = None,
-    tied: bool = False, carriers: Optional[set] = None, receivers: Optional[set] = None,
+    tied: bool = False, carriers: Optional[set] = None, receivers: Optional[set] = None, taps: Optional[set] = None,
 ) -> None:
     """Runs `seg` in its own checkpoint (its children nested inside); adds its outputs to `env`.
 
@@ -329,15 +353,14 @@ def _run_segment(
         local = {**consts, **dict(zip(inputs, xs))}
         if seg.children:
             for child in seg.children:
-                _run_segment(program, child, local, consts, implementation, gate, own, tied, carriers, receivers)
+                _run_segment(program, child, local, consts, implementation, gate, own, tied, carriers, receivers, taps)
         else:
             anchor = None
             if tied:
                 ordered = sorted(inputs, key=lambda v: v.id)  # values are numbered in program order
                 anchor = _Anchor(consts)
                 anchor.see(ordered, [local[v] for v in ordered])
-            fenced = receivers if implementation == "protected" else None
-            _run_items(program.body[seg.start : seg.stop], local, set(seg.saved), own, anchor, carriers, fenced)
+            _run_items(program.body[seg.start : seg.stop], local, set(seg.saved), own, anchor, carriers, taps)
         return [
             local[v] if receivers is None or v in receivers or not is_float(v) else lax.stop_gradient(local[v])
             for v in seg.outputs
@@ -354,15 +377,6 @@ def _run_segment(
         wrapped = jax.checkpoint(body, policy=seg.policy, prevent_cse=True)
     outs = wrapped(*args)
     env.update(zip(seg.outputs, outs))
-
-
-def _tapped(item: Equation, v: Value, receivers: set) -> bool:
-    """Whether `item` taps `v` off a larger float value: `v` is a float no
-    cotangent reaches (`cotangent_receivers`), at most half the bytes of a
-    float operand (a slice, a reduction, a statistic of an activation)."""
-    if v in receivers or not is_float(v):
-        return False
-    return any(isinstance(a, Value) and is_float(a) and a.nbytes >= 2 * v.nbytes for a in item.args)
 
 
 def _fenced(x: Any) -> Any:
