@@ -230,3 +230,32 @@ def test_an_aux_value_tapped_off_every_layer_leaves_the_activations_to_the_plan(
     np.testing.assert_array_equal(np.asarray(stat), np.asarray(expected_stat))
     for g, e in zip(jax.tree.leaves(grads), jax.tree.leaves(expected)):
         np.testing.assert_allclose(np.asarray(g), np.asarray(e), rtol=1e-5, atol=1e-7)
+
+
+def test_aux_taps_are_the_statistics_alone(monkeypatch):
+    """What is fenced: each layer's `x[0]`, made for the aux statistic alone
+    from an activation. Not the statistic's own updates (made from values of
+    their size), nor a softmax's `max`, which the loss reads through
+    `stop_gradient`."""
+    seen = []
+    real = planning.run_segments
+
+    def recording(program, segments, leaves, implementation, gate="auto", tied=False, differentiated=None):
+        seen.append((program, differentiated))
+        return real(program, segments, leaves, implementation, gate, tied, differentiated)
+
+    monkeypatch.setattr(planning, "run_segments", recording)
+
+    def softmax_too(ws, x, y, stat):
+        loss, stat = _statistics_mlp(lambda x: x[0])[0](ws, x, y, stat)
+        return loss + jnp.mean(jax.nn.log_softmax(x @ ws[0][0])), stat
+
+    for loss, expected in ((_statistics_mlp(lambda x: x[0])[0], 8), (softmax_too, 8)):  # (the softmax adds none)
+        seen.clear()
+        jdtr.plan(loss, *_statistics_mlp(lambda x: x[0])[1], budget=0.9, has_aux=True, autotune=False)
+        program, differentiated = seen[0]
+        taps = checkpoint.aux_taps(program, differentiated)
+        makers = [item for item in program.body if isinstance(item, Equation) and set(item.outputs) & taps]
+        assert len(taps) == expected and all(v.shape == (1, 32) for v in taps), taps  # x[0] before its squeeze
+        assert {item.name for item in makers} == {"slice"}, makers
+        assert checkpoint.aux_taps(program, None) == set()
