@@ -129,7 +129,7 @@ def test_the_plans_of_two_paths_agree_until_they_part(heuristic):
     _, stats = f(*args)
     traced = next(iter(f.cache.values()))
     program, owned = traced.program, [False] * len(traced.program.inputs)
-    first = plan_run(program, stats.budget_bytes, heuristic, "eager", owned, path=())
+    first = plan_run(program, stats.budget_bytes, heuristic, "eager", owned)  # (by paths: it has conds)
     went_by = [r.branch for r in first.reads]
     # The forward conds go by their largest branches, their transposes (on the same predicates) by theirs.
     assert went_by[:n] == [c.largest_branch() for c in _conds(program)][:n] and went_by[n:] == went_by[:n][::-1]

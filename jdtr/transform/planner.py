@@ -349,17 +349,24 @@ def plan_run(
     dealloc: str,
     owned: Sequence[bool],
     quick: bool = False,
-    path: Optional[Sequence[int]] = None,
     suggest: bool = True,
 ) -> PlannedRun:
     """The cheapest schedule of `program` under `budget_bytes` among the
     candidates of `heuristic` or, `quick`, the first within `QUICK_OVERHEAD`
     (the rest left for `refine`). Raises `OutOfBudgetError` (with a
     suggested budget, searched for unless `suggest` is False: a caller with
-    other programs to try) when none fits. With a `path`, a run whose
-    `cond`s take those branches (`lowering.lower_by_path`)."""
+    other programs to try) when none fits. A program with a `cond` on data
+    is planned by paths (`paths.py`), from the empty one: nothing read yet
+    (`lowering.lower_by_path`).
+
+    Whether it has one is read off the program planned, not passed down:
+    the program as first traced keeps its scans whole, which hide the
+    `cond`s in their bodies, and unrolled, a scan whose body branches on
+    data is a program that does. Planned as if it did not, its run went by
+    the branches it guessed (the largest), not by those its predicates
+    took: every gradient was wrong."""
     start = time.perf_counter()
-    simulate = _Simulation(program, owned, dealloc, path)
+    simulate = _Simulation(program, owned, dealloc, () if branching(program) else None)
     least = simulate.floor
     if budget_bytes < least.total_bytes:
         # Every candidate would fail, most after thrashing for seconds (a

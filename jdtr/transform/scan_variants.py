@@ -42,7 +42,7 @@ from ..runtime import Heuristic, OutOfBudgetError
 from . import _jax_core
 from .collection import collection_paused
 from .normalize import keepable_scan
-from .planner import QUICK_OVERHEAD, THRASH_OVERHEAD, PlannedRun, branching, plan_run
+from .planner import QUICK_OVERHEAD, THRASH_OVERHEAD, PlannedRun, plan_run
 from .program import Program
 from .scans import STRATEGIES, ScanStrategy, cuts_a_body, for_length, kept_scans, run_scan
 
@@ -170,17 +170,6 @@ class ScanVariants:
         return self.run_as(for_length(strategy, self.longest()))
 
 
-def path_of(program: Program) -> Optional[tuple[int, ...]]:
-    """The path a plan of `program` starts by (`paths.py`): nothing read yet,
-    `()`, where `program` has a `cond` on data; None where it has none.
-    Decided per program planned, not once per call: the program as first
-    traced keeps its scans whole, which hide the `cond`s in their bodies,
-    and unrolled, a scan whose body branches on data is a program that does.
-    Planned as if it did not, its run went by the branches it guessed (the
-    largest), not by those its predicates took: every gradient was wrong."""
-    return () if branching(program) else None
-
-
 @collection_paused()  # it traces the strategies' programs, as the first trace did, with the collector paused
 def plan_strategies(
     variants: ScanVariants,
@@ -208,8 +197,7 @@ def plan_strategies(
         if best is not None and cost >= best[0]:
             break  # it recomputes more than the best plan does in all
         try:
-            at = path_of(program)
-            plan = plan_run(program, budget_bytes, heuristic, dealloc, owned, quick=quick, path=at, suggest=False)
+            plan = plan_run(program, budget_bytes, heuristic, dealloc, owned, quick=quick, suggest=False)
         except OutOfBudgetError:
             continue
         total = cost + plan.counters.remat_cost
@@ -224,8 +212,7 @@ def plan_strategies(
         # nothing does).
         program = variants.program(None)
         try:
-            at, suggest = path_of(program), best is None
-            plan = plan_run(program, budget_bytes, heuristic, dealloc, owned, quick=quick, path=at, suggest=suggest)
+            plan = plan_run(program, budget_bytes, heuristic, dealloc, owned, quick=quick, suggest=best is None)
         except OutOfBudgetError:
             if best is None:
                 raise
@@ -246,8 +233,7 @@ def first_plan(traced: Any, budget_bytes: int, heuristic, dealloc: str, owned: l
     the plan with their bodies inlined (`manual.py`) if it does better."""
     try:
         if traced.variants is None:
-            program = traced.program
-            plan = plan_run(program, budget_bytes, heuristic, dealloc, owned, quick=True, path=path_of(program))
+            plan = plan_run(traced.program, budget_bytes, heuristic, dealloc, owned, quick=True)
         else:
             plan = plan_strategies(traced.variants, budget_bytes, heuristic, dealloc, owned, quick=True)
     except OutOfBudgetError as err:
@@ -269,7 +255,6 @@ def first_plan(traced: Any, budget_bytes: int, heuristic, dealloc: str, owned: l
 
 
 def _inlined(program, budget_bytes: int, heuristic, dealloc: str, owned: list, suggest: bool = False) -> PlannedRun:
-    at = path_of(program)
-    plan = plan_run(program, budget_bytes, heuristic, dealloc, owned, quick=True, path=at, suggest=suggest)
+    plan = plan_run(program, budget_bytes, heuristic, dealloc, owned, quick=True, suggest=suggest)
     plan.program = program
     return plan
