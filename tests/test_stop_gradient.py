@@ -246,16 +246,19 @@ def test_aux_taps_are_the_statistics_alone(monkeypatch):
 
     monkeypatch.setattr(planning, "run_segments", recording)
 
+    statistics, args = _statistics_mlp(lambda x: x[0])
+
     def softmax_too(ws, x, y, stat):
-        loss, stat = _statistics_mlp(lambda x: x[0])[0](ws, x, y, stat)
+        loss, stat = statistics(ws, x, y, stat)
         return loss + jnp.mean(jax.nn.log_softmax(x @ ws[0][0])), stat
 
-    for loss, expected in ((_statistics_mlp(lambda x: x[0])[0], 8), (softmax_too, 8)):  # (the softmax adds none)
+    for loss in (statistics, softmax_too):
         seen.clear()
-        jdtr.plan(loss, *_statistics_mlp(lambda x: x[0])[1], budget=0.9, has_aux=True, autotune=False)
+        jdtr.plan(loss, *args, budget=0.9, has_aux=True, autotune=False)
         program, differentiated = seen[0]
         taps = checkpoint.aux_taps(program, differentiated)
         makers = [item for item in program.body if isinstance(item, Equation) and set(item.outputs) & taps]
-        assert len(taps) == expected and all(v.shape == (1, 32) for v in taps), taps  # x[0] before its squeeze
+        # 8 with the softmax too (it adds none); x[0] before its squeeze
+        assert len(taps) == 8 and all(v.shape == (1, 32) for v in taps), taps
         assert {item.name for item in makers} == {"slice"}, makers
         assert checkpoint.aux_taps(program, None) == set()

@@ -248,7 +248,7 @@ def run_segments(
     anchor = _Anchor(consts) if tied else None
     carriers = tangent_carriers(program, differentiated)
     receivers = cotangent_receivers(program, differentiated)
-    taps = aux_taps(program, differentiated) if implementation == "protected" else None
+    taps = aux_taps(program, differentiated, receivers) if implementation == "protected" else None
     for seg in segments:
         _run_items(program.body[done : seg.start], env, anchor=anchor)
         _run_segment(program, seg, env, consts, implementation, gate, tied=tied, carriers=carriers, receivers=receivers, taps=taps)
@@ -305,16 +305,18 @@ def cotangent_receivers(program: Program, differentiated: Optional[Sequence[bool
     return receivers
 
 
-def aux_taps(program: Program, differentiated: Optional[Sequence[bool]]) -> set:
+def aux_taps(program: Program, differentiated: Optional[Sequence[bool]], receivers: Optional[set] = None) -> set:
     """The floats of `program` made for aux outputs alone, each from a
     value a cotangent reaches at least twice its size: a statistic of an
     activation (`x[0]`, a running mean) that nothing making the loss reads,
     not even through `stop_gradient` or a predicate (as a softmax's `max`
     is read). Protected segments fence them (`_fenced`). Empty where every
-    output is differentiated (`differentiated` None: no aux)."""
+    output is differentiated (`differentiated` None: no aux). `receivers`:
+    `cotangent_receivers`' answer, where the caller has it."""
     if differentiated is None:
         return set()
-    receivers = cotangent_receivers(program, differentiated)
+    if receivers is None:
+        receivers = cotangent_receivers(program, differentiated)
     feeding = {a for a in program.outputs[:1] if isinstance(a, Value)}  # what the loss is made from
     for item in reversed(program.body):
         if any(v in feeding for v in item.outputs):
