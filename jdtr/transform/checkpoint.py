@@ -312,7 +312,13 @@ def aux_taps(program: Program, differentiated: Optional[Sequence[bool]], receive
     not even through `stop_gradient` or a predicate (as a softmax's `max`
     is read). Protected segments fence them (`_fenced`). Empty where every
     output is differentiated (`differentiated` None: no aux). `receivers`:
-    `cotangent_receivers`' answer, where the caller has it."""
+    `cotangent_receivers`' answer, where the caller has it.
+
+    The activation may reach the statistic through aux-only values as large
+    as itself (`mean(stop_gradient(x))`: the `stop_gradient`, or a cast):
+    those pass the activation's size on, and are not fenced themselves. A
+    statistic's later updates (`0.9 * s + 0.1 * tap`) read only small
+    values, and are not fenced either: one fence a tap."""
     if differentiated is None:
         return set()
     if receivers is None:
@@ -322,10 +328,20 @@ def aux_taps(program: Program, differentiated: Optional[Sequence[bool]], receive
         if any(v in feeding for v in item.outputs):
             feeding.update(a for a in item.args if isinstance(a, Value))
     taps = set()
+    passing: dict = {}  # aux-only floats as large as the activation they come from: its bytes
     for item in program.body:
         if isinstance(item, Equation):
-            tapped = max((a.nbytes for a in item.args if isinstance(a, Value) and a in receivers and is_float(a)), default=0)
-            taps.update(v for v in item.outputs if is_float(v) and v not in feeding and 2 * v.nbytes <= tapped)
+            tapped = max(
+                (a.nbytes if a in receivers else passing.get(a, 0) for a in item.args if isinstance(a, Value) and is_float(a)),
+                default=0,
+            )
+            for v in item.outputs:
+                if not is_float(v) or v in feeding or not tapped:
+                    continue
+                if 2 * v.nbytes <= tapped:
+                    taps.add(v)
+                else:
+                    passing[v] = tapped
     return taps
 
 
@@ -374,7 +390,9 @@ def _run_segment(
         args, floats = [jnp.zeros((), jnp.float32) if taint is None else taint, *args], [True, *floats]
     if implementation == "protected":
         recomputing = gate == "cond_recompute" and _recomputes_a_convolution(program, seg)
-        wrapped = _protected_checkpoint(body, seg.policy, floats, select if selected else gate if recomputing else "cond")
+        # An output no cotangent reaches leaves through `stop_gradient`: its cotangent is zero.
+        unreached = [receivers is not None and is_float(v) and v not in receivers for v in seg.outputs]
+        wrapped = _protected_checkpoint(body, seg.policy, floats, select if selected else gate if recomputing else "cond", unreached)
     else:
         wrapped = jax.checkpoint(body, policy=seg.policy, prevent_cse=True)
     outs = wrapped(*args)
@@ -403,7 +421,7 @@ def _recomputes_a_convolution(program: Program, seg: Segment) -> bool:
 
 
 def _protected_checkpoint(
-    fn: Callable, policy: SavePolicy, differentiable: Sequence[bool], gate: str = "cond"
+    fn: Callable, policy: SavePolicy, differentiable: Sequence[bool], gate: str = "cond", unreached: Sequence[bool] = ()
 ) -> Callable:
     """`jax.checkpoint(fn, policy)` whose backward recomputation XLA cannot merge away.
 
@@ -416,7 +434,13 @@ def _protected_checkpoint(
     select on it; "select_all" every float residual too; "select_anchored"
     also the constants of the pullback (`anchoring.anchored`). `differentiable`
     marks the float inputs; the others (integers, keys) are carried as
-    residuals and get no cotangent.
+    residuals and get no cotangent. `unreached` marks the outputs (of `fn`,
+    a list) whose cotangent is zero, as `fn` returns them through
+    `stop_gradient`: the predicate is never read from one of those. XLA
+    folds a predicate read from zeros, the cond is gone, and CSE merges the
+    recomputation back into the forward pass: a statistic of each layer's
+    activation kept as aux, `mean(stop_gradient(x))`, had the smallest
+    cotangent of every segment, and no plan came under `jax.grad`'s bytes.
     """
     checkpointed = jax.checkpoint(fn, policy=policy, prevent_cse=True)
 
@@ -444,7 +468,8 @@ def _protected_checkpoint(
     def backward(residuals, cotangents):
         vjp_fn, others = residuals  # (under "cond_recompute", the float inputs in place of the pullback)
         # (Empty ones hold no element to read; all empty, the cotangent is zero and so is the pullback.)
-        leaves = [x for x in jax.tree_util.tree_leaves(cotangents) if jnp.issubdtype(x.dtype, jnp.inexact) and x.size]
+        reached = [c for k, c in enumerate(cotangents) if not (k < len(unreached) and unreached[k])]
+        leaves = [x for x in jax.tree_util.tree_leaves(reached) if jnp.issubdtype(x.dtype, jnp.inexact) and x.size]
         # (`f` through a lambda: `eval_shape` names the function it traces,
         # and the name of a pullback, which has no code of its own, is its
         # whole jaxpr printed: 3% of planning a 6-block transformer.)
