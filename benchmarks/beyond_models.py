@@ -1,6 +1,6 @@
 """Models of kinds the repository's own do not cover, side by side with
 `jax.jit(jax.grad)` (issues 21 and 22; docs/benchmarks.md, "Models beyond
-the repository", third and fourth rounds).
+the repository", third, fourth and seventh rounds).
 
 Each is a few lines of plain JAX, written as a user would, none of them
 shaped for jdtr. Per model, in one process: `jax.jit(jax.grad)`;
@@ -191,10 +191,93 @@ def fori():
     return "`lax.fori_loop` of 16 steps over shared weights (128 wide, batch 1024)", loss, w, _normal(2, 0, (1024, 128))
 
 
+def mixer():
+    b, t, c = 32, 64, 128
+    ps = [
+        (_normal(0, i, (t, 2 * t), t**-0.5), _normal(1, i, (2 * t, t), (2 * t) ** -0.5),
+         _normal(2, i, (c, 4 * c), c**-0.5), _normal(3, i, (4 * c, c), (4 * c) ** -0.5))
+        for i in range(6)
+    ]
+
+    def norm(h):
+        return (h - h.mean(-1, keepdims=True)) * lax.rsqrt(h.var(-1, keepdims=True) + 1e-5)
+
+    def loss(ps, x):
+        for t1, t2, c1, c2 in ps:
+            x = x + (jax.nn.gelu(norm(x).swapaxes(1, 2) @ t1) @ t2).swapaxes(1, 2)
+            x = x + jax.nn.gelu(norm(x) @ c1) @ c2
+        return jnp.mean(x**2)
+
+    return "MLP-Mixer (6 blocks, 64 tokens, 128 channels, batch 32)", loss, ps, _normal(4, 0, (b, t, c))
+
+
+def wavenet():
+    c, nwc = 32, ("NWC", "WIO", "NWC")
+    ps = [(_normal(0, i, (2, c, 2 * c), (2 * c) ** -0.5), _normal(1, i, (1, c, c), c**-0.5)) for i in range(8)]
+
+    def loss(ps, x):
+        for i, (dilated, mix) in enumerate(ps):
+            d = 2**i
+            causal = jnp.pad(x, ((0, 0), (d, 0), (0, 0)))
+            a, g = jnp.split(lax.conv_general_dilated(causal, dilated, (1,), "VALID", rhs_dilation=(d,), dimension_numbers=nwc), 2, -1)
+            x = x + lax.conv_general_dilated(jnp.tanh(a) * jax.nn.sigmoid(g), mix, (1,), "VALID", dimension_numbers=nwc)
+        return jnp.mean(x**2)
+
+    return "WaveNet (8 dilated causal conv layers, gated, 32 channels, 2048 steps, batch 8)", loss, ps, _normal(4, 0, (8, 2048, c))
+
+
+def convnext():
+    c = 32
+    ps = [(_normal(0, i, (7, 7, 1, c), 1 / 7), _normal(1, i, (c, 4 * c), c**-0.5), _normal(2, i, (4 * c, c), (4 * c) ** -0.5)) for i in range(4)]
+
+    def loss(ps, x):
+        for dw, up, down in ps:
+            h = lax.conv_general_dilated(x, dw, (1, 1), "SAME", dimension_numbers=NHWC, feature_group_count=c)
+            h = (h - h.mean(-1, keepdims=True)) * lax.rsqrt(h.var(-1, keepdims=True) + 1e-6)
+            x = x + jax.nn.gelu(h @ up) @ down
+        return jnp.mean(x**2)
+
+    return "ConvNeXt blocks (7x7 depthwise, LayerNorm, 4x MLP; 4 blocks, 32 channels, 32x32, batch 16)", loss, ps, _normal(4, 0, (16, 32, 32, c))
+
+
+def triplet():
+    ws = [_normal(0, i, (128, 128), 128**-0.5) for i in range(6)]
+
+    def encode(ws, x):
+        for w in ws:
+            x = jax.nn.gelu(x @ w)
+        return x
+
+    def loss(ws, x):
+        a, p, n = encode(ws, x[0]), encode(ws, x[1]), encode(ws, x[2])
+        return jnp.mean(jax.nn.relu(jnp.sum((a - p) ** 2, -1) - jnp.sum((a - n) ** 2, -1) + 1.0))
+
+    return "triplet loss, one encoder run on three inputs (6 layers, 128 wide, batch 1024)", loss, ws, _normal(4, 0, (3, 1024, 128))
+
+
+def gru():
+    d, b = 128, 64
+    ps = {"wx": _normal(0, 0, (d, 3 * d), d**-0.5), "wh": _normal(1, 0, (d, 3 * d), d**-0.5), "out": _normal(2, 0, (d, d), d**-0.5)}
+
+    def loss(ps, xs):
+        def cell(h, x):
+            rx, zx, nx = jnp.split(x @ ps["wx"], 3, -1)
+            rh, zh, nh = jnp.split(h @ ps["wh"], 3, -1)
+            r, z = jax.nn.sigmoid(rx + rh), jax.nn.sigmoid(zx + zh)
+            h = (1 - z) * jnp.tanh(nx + r * nh) + z * h
+            return h, h
+
+        _, hs = lax.scan(cell, jnp.zeros((b, d)), xs)
+        return jnp.mean((hs @ ps["out"]) ** 2)
+
+    return "GRU by `lax.scan` (64 steps, 128 wide, batch 64)", loss, ps, _normal(4, 0, (64, b, d))
+
+
 MODELS = {
     "depthwise": depthwise, "attention": attention, "map": mapped, "user_remat": user_remat,
     "recurrence8": recurrence(8), "recurrence32": recurrence(32),
     "fno": fno, "gp": gp, "bf16": bf16, "vit": vit, "pooling": pooling, "decoder": decoder, "fori": fori,
+    "mixer": mixer, "wavenet": wavenet, "convnext": convnext, "triplet": triplet, "gru": gru,
 }
 
 
