@@ -468,6 +468,10 @@ def _protected_checkpoint(
     def backward(residuals, cotangents):
         vjp_fn, others = residuals  # (under "cond_recompute", the float inputs in place of the pullback)
         # (Empty ones hold no element to read; all empty, the cotangent is zero and so is the pullback.)
+        # (The loss's own cotangent, 1.0, is a constant too: where it is the
+        # smallest, the last segment's cond folds and XLA keeps that segment's
+        # values, used at once by the backward pass. Reading every cotangent
+        # instead raised a tied-embedding LM's floor from 0.805 to 0.913.)
         reached = [c for k, c in enumerate(cotangents) if not (k < len(unreached) and unreached[k])]
         leaves = [x for x in jax.tree_util.tree_leaves(reached) if jnp.issubdtype(x.dtype, jnp.inexact) and x.size]
         # (`f` through a lambda: `eval_shape` names the function it traces,
