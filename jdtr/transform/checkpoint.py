@@ -365,6 +365,8 @@ def _run_segment(
         or (gate in ("auto", "inputs", "anchored") and _recomputes_a_convolution(program, seg))
     )
     select = _SELECTS.get(gate, "select")
+    # The outputs no cotangent reaches: they leave through `stop_gradient`, so their cotangents are zero.
+    unreached = [receivers is not None and is_float(v) and v not in receivers for v in seg.outputs]
 
     def body(*xs):
         own, xs = (xs[0], xs[1:]) if selected else (None, xs)
@@ -379,10 +381,7 @@ def _run_segment(
                 anchor = _Anchor(consts)
                 anchor.see(ordered, [local[v] for v in ordered])
             _run_items(program.body[seg.start : seg.stop], local, set(seg.saved), own, anchor, carriers, taps)
-        return [
-            local[v] if receivers is None or v in receivers or not is_float(v) else lax.stop_gradient(local[v])
-            for v in seg.outputs
-        ]
+        return [lax.stop_gradient(local[v]) if zero else local[v] for v, zero in zip(seg.outputs, unreached)]
 
     args = [env[v] if carriers is None or v in carriers or not is_float(v) else lax.stop_gradient(env[v]) for v in inputs]
     floats = [is_float(v) for v in inputs]
@@ -390,8 +389,6 @@ def _run_segment(
         args, floats = [jnp.zeros((), jnp.float32) if taint is None else taint, *args], [True, *floats]
     if implementation == "protected":
         recomputing = gate == "cond_recompute" and _recomputes_a_convolution(program, seg)
-        # An output no cotangent reaches leaves through `stop_gradient`: its cotangent is zero.
-        unreached = [receivers is not None and is_float(v) and v not in receivers for v in seg.outputs]
         wrapped = _protected_checkpoint(body, seg.policy, floats, select if selected else gate if recomputing else "cond", unreached)
     else:
         wrapped = jax.checkpoint(body, policy=seg.policy, prevent_cse=True)
@@ -472,7 +469,7 @@ def _protected_checkpoint(
         # smallest, the last segment's cond folds and XLA keeps that segment's
         # values, used at once by the backward pass. Reading every cotangent
         # instead raised a tied-embedding LM's floor from 0.805 to 0.913.)
-        reached = [c for k, c in enumerate(cotangents) if not (k < len(unreached) and unreached[k])]
+        reached = [c for c, zero in zip(cotangents, unreached) if not zero] if unreached else cotangents
         leaves = [x for x in jax.tree_util.tree_leaves(reached) if jnp.issubdtype(x.dtype, jnp.inexact) and x.size]
         # (`f` through a lambda: `eval_shape` names the function it traces,
         # and the name of a pullback, which has no code of its own, is its
