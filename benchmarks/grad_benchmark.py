@@ -163,8 +163,58 @@ def tree_lstm(hidden: int, features: int, batch: int, leaves: int, seed: int = 0
     return loss, params, tokens
 
 
-def bench_tree_lstm(repeats: int, leaves: int = 44, hidden: int = 256, features: int = 64, batch: int = 32):
-    loss, params, tokens = tree_lstm(hidden, features, batch, leaves)
+def child_sum_tree_lstm(hidden: int, batch: int, leaves: int, vocab: int = 1000, embed: int = 128, classes: int = 5, seed: int = 0):
+    """The Child-Sum TreeLSTM (Tai et al. 2015) as a sentiment model is often
+    written: an embedding per leaf token, a gate matrix per gate and per
+    input, a forget gate per child, a softmax classifier at the root. The
+    tree is a static argument of nested tuples of token positions."""
+    keys = jax.random.split(jax.random.PRNGKey(seed), 7)
+    gates = "ifou"
+    params = {
+        "embed": jax.random.normal(keys[0], (vocab, embed)) * 0.1,
+        "w": {g: jax.random.normal(k, (embed, hidden)) * 0.1 for g, k in zip(gates, jax.random.split(keys[1], 4))},
+        "u": {g: jax.random.normal(k, (hidden, hidden)) * 0.1 for g, k in zip(gates, jax.random.split(keys[2], 4))},
+        "b": {g: jnp.zeros((hidden,)) for g in gates},
+        "classify": jax.random.normal(keys[3], (hidden, classes)) * 0.1,
+    }
+    ids = jax.random.randint(keys[4], (leaves, batch), 0, vocab)
+    labels = jax.random.randint(keys[5], (batch,), 0, classes)
+
+    def loss(params, batch_, tree):
+        ids, labels = batch_
+
+        def cell(x, children):
+            h_sum = sum(h for h, _ in children) if children else jnp.zeros((x.shape[0], hidden))
+            pre = {g: x @ params["w"][g] + h_sum @ params["u"][g] + params["b"][g] for g in "iou"}
+            c = jax.nn.sigmoid(pre["i"]) * jnp.tanh(pre["u"])
+            for h_k, c_k in children:
+                c = c + jax.nn.sigmoid(x @ params["w"]["f"] + h_k @ params["u"]["f"] + params["b"]["f"]) * c_k
+            return jax.nn.sigmoid(pre["o"]) * jnp.tanh(c), c
+
+        def node(t):
+            if isinstance(t, int):
+                return cell(params["embed"][ids[t]], [])
+            return cell(jnp.zeros((ids.shape[1], embed)), [node(k) for k in t])
+
+        h, _ = node(tree)
+        logp = jax.nn.log_softmax(h @ params["classify"])
+        return -jnp.mean(jnp.take_along_axis(logp, labels[:, None], axis=1))
+
+    return loss, params, (ids, labels)
+
+
+def bench_tree_lstm(repeats: int, leaves: int = 44, hidden: int = 256, features: int = 64, batch: int = 32, child_sum: bool = False):
+    """One tree repeated (planned once, then chunks) and a fresh tree each
+    call (traced and planned every call), against eager `jax.grad` on the
+    same trees, interleaved. `child_sum`: `child_sum_tree_lstm` instead of
+    the N-ary `tree_lstm`, with embeddings of `features` over a vocabulary
+    of `16 * features` tokens."""
+    if child_sum:
+        loss, params, tokens = child_sum_tree_lstm(hidden, batch, leaves, vocab=16 * features, embed=features)
+        name = f"Child-Sum TreeLSTM (hidden {hidden}, batch {batch}, {leaves} leaves)"
+    else:
+        loss, params, tokens = tree_lstm(hidden, features, batch, leaves)
+        name = f"TreeLSTM (hidden {hidden}, batch {batch}, {leaves} leaves)"
     rng = random.Random(0)
     eager = jax.grad(loss)
     fixed = random_tree(rng, leaves)
@@ -187,9 +237,9 @@ def bench_tree_lstm(repeats: int, leaves: int = 44, hidden: int = 256, features:
     _, (_, s_fixed) = timed(repeated, params, tokens, fixed)
     med = statistics.median
     return [
-        f"| TreeLSTM, one tree repeated | {s_fixed.execution}, {s_fixed.chunks} dispatches, {s_fixed.evictions} evictions, overhead {s_fixed.overhead:.3f} "
+        f"| {name}, one tree repeated | {s_fixed.execution}, {s_fixed.chunks} dispatches, {s_fixed.evictions} evictions, overhead {s_fixed.overhead:.3f} "
         f"| {med(t_repeated) * 1e3:.1f} ms | {med(t_eager_fixed) * 1e3:.1f} ms | {med(t_repeated) / med(t_eager_fixed):.2f} |",
-        f"| TreeLSTM, a fresh tree each call | {stats[-1].execution}; trace {med([s.trace_time_s for s in stats]):.2f} s, plan {med([s.planning_time_s for s in stats]):.2f} s "
+        f"| {name}, a fresh tree each call | {stats[-1].execution}; trace {med([s.trace_time_s for s in stats]):.2f} s, plan {med([s.planning_time_s for s in stats]):.2f} s "
         f"| {med(t_fresh) * 1e3:.1f} ms | {med(t_eager_fresh) * 1e3:.1f} ms | {med(t_fresh) / med(t_eager_fresh):.2f} |",
     ]
 
@@ -270,6 +320,7 @@ def main(argv=None):
         suite = [models.mlp_chain(16, 64, 256), models.rnn(16, 32, 8, 64)] if "models" in args.only else []
         flax = [models.flax_scan_lstm(steps=8, hidden=32, features=8, batch=16)] if "flax" in args.only else []
         tree = dict(leaves=8, hidden=16, features=8, batch=128)
+        child_sum = dict(hidden=32, features=8)
         gated = [models.gated_mlp(blocks=6, width=32, batch=64)] if "conds" in args.only else []
     else:
         suite = [
@@ -286,6 +337,7 @@ def main(argv=None):
             models.flax_scan_gpt(layers=12, dim=128, heads=4, seq=128, batch=8, vocab=256),
         ] if "flax" in args.only else []
         tree = {}
+        child_sum = dict(hidden=512, features=128)
         gated = [models.gated_mlp(blocks=16, width=256, batch=1024)] if "conds" in args.only else []
     lines = [
         "| model | budget ratio | peak/budget | evictions | rematerializations | overhead | heuristic kept | chunks / steps "
@@ -300,7 +352,11 @@ def main(argv=None):
         baselines.append(baseline)
         print("\n".join(rows), file=sys.stderr)
     print("benchmarking the TreeLSTM ...", file=sys.stderr)
-    trees = bench_tree_lstm(args.repeats, **tree) if "trees" in args.only else []
+    trees = []
+    if "trees" in args.only:
+        trees = bench_tree_lstm(args.repeats, **tree)
+        # The Child-Sum form, larger: the fresh trees' hardest case measured (2026-12-06).
+        trees += bench_tree_lstm(args.repeats, **{**tree, **child_sum}, child_sum=True)
     print("benchmarking the optimum ...", file=sys.stderr)
     optimum = bench_optimum() if "optimum" in args.only else []
     print("benchmarking paths ...", file=sys.stderr)

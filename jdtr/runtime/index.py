@@ -142,8 +142,11 @@ class _Index:
         scores: dict[Storage, float] = {}
         refile: list = []
         dirty, self._dirty = self._dirty, {}
+        keys = self._key
         for storage in dirty:
-            self._file(storage, self.evaluate(storage, now, -math.inf)[1])
+            key = self.evaluate(storage, now, -math.inf)[1]
+            if key != keys[storage]:  # (an equal key's entry is live and bounds as well)
+                self._file(storage, key)
         for storage in list(self._irregular):
             self._score(storage, now, math.inf, scores, refile)
         return scores, refile

@@ -500,8 +500,11 @@ class Runtime:
         if storage.banished or storage.refs > 0 or storage.external or storage.locks > 0:
             self._pending_banish.pop(storage, None)
             return
-        if any(not d.resident and not d.banished for d in storage.dependents):
-            self._pending_banish[storage] = None  # retried when a dependent returns
+        if any(not d.banished and not (d.resident and all(t.defined for t in d.tensors)) for d in storage.dependents):
+            # Retried when a dependent returns. A resident dependent may still
+            # lack a view (its storage rebuilt, the view's own operator not
+            # yet replayed), and that operator may read this storage.
+            self._pending_banish[storage] = None
             return
         self._pending_banish.pop(storage, None)
         if storage.resident:

@@ -28,6 +28,9 @@ class ComponentHeuristic(IndexedHeuristic):
     def attach(self, run: RunView) -> None:
         super().attach(run)
         self._frontier: dict[CostSet, list[Storage]] = {}
+        # Whether a set has cost less than nothing in this run (see `on_evict`):
+        # until then a storage's own cost bounds its numerator from below.
+        self.negative_sets = False
 
     def detach(self) -> None:
         super().detach()
@@ -71,6 +74,8 @@ class ComponentHeuristic(IndexedHeuristic):
         if node is not None:
             root = find(node)
             root.cost -= storage.cost
+            if root.cost < 0:
+                self.negative_sets = True
             storage.heuristic_state = None
             if self._index is not None:
                 self._lost_member(storage, root)

@@ -46,12 +46,22 @@ class Lookahead(DTREqClass):
         return self.evaluate(storage, now, math.inf)[0]
 
     def evaluate(self, storage: Storage, now: float, limit: float) -> tuple[float, tuple[float, ...]]:
-        self.scored()
-        numerator = self.numerator(storage)
         size = storage.size
-        a = numerator / size if size > 0 else math.inf
         schedule = self.run.schedule
         own = schedule.next_storage_use(storage)
+        if limit == -math.inf and own is not None and size > 0 and storage.cost > 0 and not self.negative_sets:
+            # Only a key is asked (a storage joining the pool, or touched):
+            # its own cost and next use bound the score from below while no
+            # evicted component costs less than nothing, and they do not
+            # change when a neighbouring component does, so a touch seldom
+            # refiles it. The exact numerator (a union-find search of its
+            # neighbours) is left to a choice that may take it: a TreeLSTM's
+            # evictions touch hundreds of frontier storages each, and this
+            # was a fifth of a fresh tree's planning.
+            return math.inf, (storage.cost / size, -own)
+        self.scored()
+        numerator = self.numerator(storage)
+        a = numerator / size if size > 0 else math.inf
         if own is None:  # not announced: no future to read, look at the past
             return ratio(numerator, storage, self.run.clock), (math.nan, math.nan)
         if size <= 0:
@@ -149,7 +159,9 @@ class Lookahead(DTREqClass):
 
     def _carry(self, stack: list[Storage]) -> None:
         """Recomputes near for these evicted storages, and up their evicted
-        dependencies wherever it changed."""
+        dependencies wherever it changed. A resident dependency whose near
+        rose is touched: its need may have risen, and its key (the need
+        it had) no longer bounds its score."""
         nearest, own = self._nearest, self._own
         while stack:
             s = stack.pop()
@@ -158,9 +170,15 @@ class Lookahead(DTREqClass):
                 d = nearest.get(u)
                 if d is not None and d < near:
                     near = d
-            if near != nearest[s]:
+            before = nearest[s]
+            if near != before:
                 nearest[s] = near
-                stack.extend(p for p in s.deps if p in nearest)
+                rose = near > before  # (False for a storage just evicted: its near was nan)
+                for p in s.deps:
+                    if p in nearest:
+                        stack.append(p)
+                    elif rose and p.resident:
+                        self.touch(p)
 
     def choose(self, pool: Iterable[Storage], now: float) -> Optional[Storage]:
         schedule = self.run.schedule
