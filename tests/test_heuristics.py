@@ -141,7 +141,8 @@ def test_lookahead_keys_stay_bounds_where_a_need_rises_or_a_set_costs_less_than_
     it, then it was freed), so its next use rose, and with it the need of
     its resident dependency, whose key still held the old need. Seeds 46
     and 146: sets that cost less than nothing, where a storage's own cost
-    no longer bounds its numerator (`Lookahead.evaluate`'s cheap key)."""
+    no longer bounds its numerator (`Lookahead.evaluate`'s cheap key, and
+    the frontier's touches `Lookahead.touch_all` leaves out)."""
     trace = random_trace(seed)
     dealloc = ("eager", "banish", "ignore")[seed % 3]
     indexed = decisions(trace, ratio, HEURISTICS["lookahead"](), dealloc)

@@ -58,7 +58,9 @@ class Lookahead(DTREqClass):
             # neighbours) is left to a choice that may take it: a TreeLSTM's
             # evictions touch hundreds of frontier storages each, and this
             # was a fifth of a fresh tree's planning.
+            self._own_keyed.add(storage)
             return math.inf, (storage.cost / size, -own)
+        self._own_keyed.discard(storage)
         self.scored()
         numerator = self.numerator(storage)
         a = numerator / size if size > 0 else math.inf
@@ -124,10 +126,21 @@ class Lookahead(DTREqClass):
         super().attach(run)
         self._nearest: dict[Storage, float] = {}  # evicted storage -> near(t)
         self._own: dict[Storage, float] = {}  # evicted storage -> its own next use
+        self._own_keyed: set[Storage] = set()  # storages last keyed by their own cost and next use
 
     def detach(self) -> None:
         super().detach()
-        self._nearest, self._own = {}, {}
+        self._nearest, self._own, self._own_keyed = {}, {}, set()
+
+    def touch_all(self, storages: Iterable[Storage]) -> None:
+        """A frontier's touch (an evicted component next to them lost a
+        member): a storage keyed by its own cost and next use stays filed,
+        its key counts no component and no need. (Unless a component costs
+        less than nothing: then the frontier's own keys may not bound.)"""
+        if not self.negative_sets:
+            own_keyed = self._own_keyed
+            storages = [s for s in storages if s not in own_keyed]
+        super().touch_all(storages)
 
     def on_evict(self, storage: Storage) -> None:
         super().on_evict(storage)
