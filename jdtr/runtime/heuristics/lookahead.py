@@ -53,11 +53,11 @@ class Lookahead(DTREqClass):
             # Only a key is asked (a storage joining the pool, or touched):
             # its own cost and next use bound the score from below while no
             # evicted component costs less than nothing, and they do not
-            # change when a neighbouring component does, so a touch seldom
-            # refiles it. The exact numerator (a union-find search of its
-            # neighbours) is left to a choice that may take it: a TreeLSTM's
-            # evictions touch hundreds of frontier storages each, and this
-            # was a fifth of a fresh tree's planning.
+            # change when a neighbouring component does, so a component's
+            # touches leave it filed (`touch_all`). The exact numerator (a
+            # union-find search of its neighbours) is left to a choice that
+            # may take it: a TreeLSTM's evictions touch hundreds of frontier
+            # storages each, and this was a fifth of a fresh tree's planning.
             self._own_keyed.add(storage)
             return math.inf, (storage.cost / size, -own)
         self._own_keyed.discard(storage)
