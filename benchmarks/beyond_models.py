@@ -273,11 +273,30 @@ def gru():
     return "GRU by `lax.scan` (64 steps, 128 wide, batch 64)", loss, ps, _normal(4, 0, (64, b, d))
 
 
+def vae():
+    d, h, z = 128, 128, 32
+    sizes = {"e1": (d, h), "e2": (h, h), "mu": (h, z), "logvar": (h, z), "d1": (z, h), "d2": (h, h), "out": (h, d)}
+    ps = {name: _normal(0, i, shape, shape[0] ** -0.5) for i, (name, shape) in enumerate(sizes.items())}
+
+    def loss(ps, batch):
+        x, key = batch
+        e = jax.nn.relu(jax.nn.relu(x @ ps["e1"]) @ ps["e2"])
+        mu, logvar = e @ ps["mu"], e @ ps["logvar"]
+        latent = mu + jnp.exp(0.5 * logvar) * jax.random.normal(key, mu.shape)
+        logits = jax.nn.relu(jax.nn.relu(latent @ ps["d1"]) @ ps["d2"]) @ ps["out"]
+        reconstruction = jnp.sum(jnp.logaddexp(0.0, logits) - x * logits, -1)
+        kl = -0.5 * jnp.sum(1 + logvar - mu**2 - jnp.exp(logvar), -1)
+        return jnp.mean(reconstruction + kl)
+
+    x = jax.nn.sigmoid(_normal(4, 0, (1024, d)))
+    return "VAE, an MLP reparameterised from a key argument (128-128-128-32, batch 1,024)", loss, ps, (x, jax.random.PRNGKey(3))
+
+
 MODELS = {
     "depthwise": depthwise, "attention": attention, "map": mapped, "user_remat": user_remat,
     "recurrence8": recurrence(8), "recurrence32": recurrence(32),
     "fno": fno, "gp": gp, "bf16": bf16, "vit": vit, "pooling": pooling, "decoder": decoder, "fori": fori,
-    "mixer": mixer, "wavenet": wavenet, "convnext": convnext, "triplet": triplet, "gru": gru,
+    "mixer": mixer, "wavenet": wavenet, "convnext": convnext, "triplet": triplet, "gru": gru, "vae": vae,
 }
 
 

@@ -404,3 +404,21 @@ def concrete_leaves(arguments: Arguments, args: tuple, kwargs: dict) -> Optional
     if any(_abstract_spec(leaf) is not None for leaf in leaves):
         return None
     return [leaf for leaf, spec in zip(leaves, arguments.specs) if not isinstance(spec, Static)]
+
+
+def run_inputs(leaves: list, arguments: Arguments) -> tuple[list, list]:
+    """A `jdtr.grad` call's input arrays (its traced leaves), and which of
+    them jdtr made (from NumPy arrays and Python scalars: the run may free those)."""
+    if arguments.arrays_only:  # (a training loop's call: each leaf an input, the caller's)
+        return leaves, [False] * len(leaves)
+    inputs, owned = [], []
+    for leaf, spec in zip(leaves, arguments.specs):
+        if type(spec) is Static:
+            continue
+        if _jax_core.is_array(leaf):
+            inputs.append(leaf)
+            owned.append(False)
+        else:
+            inputs.append(jnp.asarray(leaf, dtype=spec.dtype))
+            owned.append(True)
+    return inputs, owned

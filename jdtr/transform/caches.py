@@ -56,6 +56,7 @@ class Traced:
     make_inlined: Optional[Callable[[], Program]] = field(default=None, repr=False)
     # What its plans keep below each budget for the device's allocator (`allocator.py`).
     margins: Margins = field(default_factory=Margins, repr=False)
+    arguments: Any = None  # the argument structure it was traced for (`arguments.Arguments`)
     _inlined: Optional[Program] = field(default=None, repr=False)
 
     def inlined(self) -> Optional[Program]:

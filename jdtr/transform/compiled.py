@@ -74,6 +74,11 @@ def _compiled_and_bytes(compiled: Any) -> tuple[Any, int]:
     return compiled, int(nbytes - analysis.alias_size_in_bytes)
 
 
+def executable_bytes(compiled: Any) -> int:
+    """XLA's argument + output + temporary bytes of a compiled program, less its aliases."""
+    return _compiled_and_bytes(compiled)[1]
+
+
 def compiled_to_measure(fn: Callable, specs: Sequence) -> Any:
     """`fn` compiled for these shapes to be read (bytes, placements), never
     run: with `measure_options`."""

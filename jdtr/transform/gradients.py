@@ -44,7 +44,6 @@ from dataclasses import dataclass
 from typing import Any, Callable, Optional, Sequence, Union
 
 import jax
-import jax.numpy as jnp
 
 from ..budget import Budget, BudgetLike, parse_budget
 from ..runtime import (
@@ -63,7 +62,7 @@ from ..stats import Stats
 from ..oplog import Trace, TraceRecorder
 from . import _jax_core
 from .costs import MEASURED, CostModel, MeasuredCosts, check_cost_model
-from .arguments import Static, argnums_tuple, flatten_arguments
+from .arguments import argnums_tuple, flatten_arguments, run_inputs
 from .executor import Execution, chunks_for, compiles, renting, run_device, serial_dispatch
 from .allocator import AllocatorGuard, allocator_bytes
 from .interpreter import Interpreter, JaxBackend, LiveArrayCheck
@@ -76,9 +75,10 @@ from .paths import run_by_paths
 from .planner import AUTO, THRASH_OVERHEAD, branching, observe, plannable, verified_budget
 from .slack import chunk_seconds, settle
 from .reporting import report_of
+from .whole_step import WHOLE, eligible, run_whole, whole_step
 
 MODES = ("planned", "online")
-CHUNK_POLICIES = ("auto", "always", "never")
+CHUNK_POLICIES = ("auto", "always", "never", WHOLE)
 SCAN_POLICIES = ("keep", "unroll")
 # `debug=True` sums `jax.live_arrays()`, which holds every thread's arrays:
 # debug calls run one at a time, so that it holds one call's (calls without
@@ -126,7 +126,7 @@ class _ValueAndGrad:
     def _call(self, leaves: list, arguments):
         traced, inputs, owned, cache_hit = self._prepare(leaves, arguments)
         try:
-            outputs, stats, log = self._run(traced, inputs, owned, cache_hit, lambda: self._inputs(leaves, arguments)[0])
+            outputs, stats, log = self._run(traced, inputs, owned, cache_hit, lambda: run_inputs(leaves, arguments)[0])
         except OutOfBudgetError as err:
             if self.budget.nbytes == 1:
                 err.add_note("budget=1 is one byte (an int is bytes): did you mean budget=1.0, the whole peak?")
@@ -164,27 +164,11 @@ class _ValueAndGrad:
             traced = trace_value_and_grad(
                 self.fun, self.argnums, self.has_aux, self.holomorphic, self.cost_model, arguments, self.scans == "keep"
             )
+            traced.arguments = arguments
             self.cache[arguments.key] = traced
         else:
             self.cache_hits += 1
-        return (traced, *self._inputs(leaves, arguments), cache_hit)
-
-    def _inputs(self, leaves: list, arguments) -> tuple[list, list]:
-        """The run's input arrays, and which of them jdtr made (from NumPy
-        arrays and Python scalars: the run may free those)."""
-        if arguments.arrays_only:  # (a training loop's call: each leaf an input, the caller's)
-            return leaves, [False] * len(leaves)
-        inputs, owned = [], []
-        for leaf, spec in zip(leaves, arguments.specs):
-            if type(spec) is Static:
-                continue
-            if _jax_core.is_array(leaf):
-                inputs.append(leaf)
-                owned.append(False)
-            else:
-                inputs.append(jnp.asarray(leaf, dtype=spec.dtype))
-                owned.append(True)
-        return inputs, owned
+        return (traced, *run_inputs(leaves, arguments), cache_hit)
 
     def _shape_result(self, value_and_grads):
         value, grads = value_and_grads
@@ -248,6 +232,7 @@ class _ValueAndGrad:
     def _planned(self, traced: Traced, budget_bytes: int, inputs: list, owned: list, check, remake: Callable[[], list]):
         """Runs the cached plan for this budget (made first if there is none)."""
         program = traced.program
+        chunks = "always" if self.chunks == WHOLE else self.chunks  # (where no whole step fits)
         options = (self.heuristic if isinstance(self.heuristic, str) else id(self.heuristic), self.dealloc, tuple(owned))
         guard = AllocatorGuard(traced.margins, (budget_bytes, *options), budget_bytes)
         while True:  # for the budget less what the device's allocator was seen to hold beyond the count (allocator.py)
@@ -270,8 +255,14 @@ class _ValueAndGrad:
         known_ahead = plan.path is None and not planned_before  # said once per plan, before the run
         if known_ahead and plan.overhead > THRASH_OVERHEAD:  # (by paths: once the path is known)
             warnings.warn(ThrashWarning(plan.overhead, budget_bytes, plan.calm_budget_bytes, plan.heuristic), stacklevel=4)
-        in_chunks = compiles(plan, self.chunks) if plan.path is None else None  # (by paths: decided per plan followed)
+        in_chunks = compiles(plan, chunks) if plan.path is None else None  # (by paths: decided per plan followed)
         chunked = bool(in_chunks) and plan.compiled is None  # its first run as chunks: settled for them first
+        if self.chunks == WHOLE and in_chunks and not (self.timeline or self.log is not None):
+            if eligible(program, run_device(program, inputs), self.holomorphic):
+                make = lambda: whole_step(program, self.fun, self.argnums, self.has_aux, self.value, self.heuristic, traced.arguments, traced.out_tree, traced.aux, inputs, planned_for)  # noqa: E731
+                ran = run_whole(plan, make, inputs, check, self.return_stats, planning, program.num_equations)
+                if ran is not None:
+                    return (*ran, None)
         if (planned_before and plan.remaining or chunked) and traced.claim(key):  # it came back, or is to be compiled
             before, settled = plan.planning_time_s, plan
             try:  # (with a log, the run stays the plan at the budget: `jdtr.simulate` replays it there)
@@ -286,7 +277,7 @@ class _ValueAndGrad:
         if plan.path is not None:  # a cond on data: by the path its predicates read
             start = time.perf_counter()
             try:
-                went = run_by_paths(plan, program, owned, self.dealloc, execution, self.chunks, planned_for)
+                went = run_by_paths(plan, program, owned, self.dealloc, execution, chunks, planned_for)
             except OutOfBudgetError as err:
                 # The path read does not fit by the plan's heuristic (the first plan's: a plan that
                 # goes on from another must decide as it did). The error stays cached with the path:
@@ -307,9 +298,9 @@ class _ValueAndGrad:
                 plan.warned = True
                 warnings.warn(ThrashWarning(plan.overhead, budget_bytes, plan.calm_budget_bytes, plan.heuristic), stacklevel=4)
         else:
-            items, compiling = chunks_for(plan, program, self.chunks, planned_for, in_chunks, execution.device)
+            items, compiling = chunks_for(plan, program, chunks, planned_for, in_chunks, execution.device)
             planning += compiling
-            compiled, rents = items is not None, items is None and renting(plan, self.chunks)  # (rents: rental.py)
+            compiled, rents = items is not None, items is None and renting(plan, chunks)  # (rents: rental.py)
             execution.after = guard.watch(plan, "chunks" if compiled else "steps", inputs, program.held_bytes, check)
             # (It returns once dispatched, as jit does, unless something waits for the run's end.)
             outputs, wall = execution.run(items, rents or self.return_stats or check is not None or execution.after is not None)
@@ -479,7 +470,10 @@ def value_and_grad(
       chunks: how a plan runs: "auto" (one equation per dispatch until
         those runs have taken as long as compiling the plan's chunks is
         expected to, then compiled chunks: a structure called a few times
-        compiles nothing), "always" (compiled chunks at once) or "never".
+        compiles nothing), "always" (compiled chunks at once), "never", or
+        "whole": the step as one XLA program from its first run, the plan
+        `jdtr.plan` makes at the same budget in bytes, where XLA's analysis
+        of it fits (`transform/whole_step.py`); else as "always".
       scans: "keep" (the default): a planned run keeps a `lax.scan` of 4 or
         more iterations whole, one operation whose memory XLA's analysis
         gives, under the strategy of what its iterations keep (every

@@ -1,0 +1,107 @@
+"""`jdtr.grad` run as compiled chunks (`chunks="always"`) against the step as
+one XLA program (`chunks="whole"`, `jdtr/transform/whole_step.py`), side by
+side with `jax.jit(jax.grad)`, in one process (docs/benchmarks.md, "A planned
+step as one XLA program").
+
+Per model and budget: how each ran ("whole" falls back to chunks where the
+compiled path's plan does not fit), its chunks, its bytes over the budget
+(XLA's for the whole step, the plan's count for chunks), the first call's
+seconds (tracing, planning, compiling) and the step time over
+`jax.jit(jax.grad)`'s, medians of `--repeats` interleaved runs from the
+fourth call.
+
+    python benchmarks/whole_step.py --models vae triplet transformer --ratios 0.7 0.5 0.3
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import time
+import warnings
+
+import jax
+
+import jdtr
+from jdtr import models
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import beyond_models  # noqa: E402
+from slack_benchmark import report  # noqa: E402
+
+REPOSITORY = {
+    "mlp": lambda: models.mlp_chain(layers=64, width=256, batch=2048),
+    "resnet": lambda: models.resnet(blocks=4, channels=32, image=32, batch=16),
+    "transformer": lambda: models.transformer(blocks=4, dim=128, heads=4, seq=128, batch=8, vocab=256),
+    "flax_gpt": lambda: models.flax_gpt(layers=4, dim=128, heads=4, seq=128, batch=8, vocab=256),
+}
+MODES = ("always", "whole")
+
+
+def load(name: str):
+    if name in REPOSITORY:
+        m = REPOSITORY[name]()
+        return name, m.loss, m.params, m.batch
+    return beyond_models.MODELS[name]()
+
+
+def bench(name: str, ratios, repeats: int) -> list[str]:
+    label, loss, params, x = load(name)
+    jit = jax.jit(jax.grad(loss))
+    expected = jit(params, x)
+    contenders, rows = {"jit": jit}, {}
+    for ratio in ratios:
+        for mode in MODES:
+            step = jdtr.grad(loss, budget=ratio, chunks=mode, return_stats=True)
+            start = time.perf_counter()
+            try:
+                got, stats = step(params, x)
+                jax.block_until_ready(got)
+            except jdtr.OutOfBudgetError:
+                rows[ratio, mode] = "raises"
+                continue
+            first = time.perf_counter() - start
+            for _ in range(2):
+                got, stats = step(params, x)
+            error = beyond_models.relative_error(got, expected)
+            rows[ratio, mode] = (
+                f"{stats.execution}, {stats.chunks} chunks, {stats.peak_bytes / stats.budget_bytes:.3f} of the budget, "
+                f"first call {first:.1f} s, error {error:.0e}"
+            )
+            contenders[ratio, mode] = (lambda s: lambda *a: s(*a)[0])(step)
+    times = {key: [] for key in contenders}
+    for _ in range(repeats):
+        for key, f in contenders.items():
+            start = time.perf_counter()
+            jax.block_until_ready(f(params, x))
+            times[key].append(time.perf_counter() - start)
+    base = statistics.median(times["jit"])
+    lines = []
+    for ratio in ratios:
+        cells = []
+        for mode in MODES:
+            cell = rows[ratio, mode]
+            if (ratio, mode) in times:
+                cell = f"{statistics.median(times[ratio, mode]) / base:.2f}x ({cell})"
+            cells.append(cell)
+        lines.append(f"| {label} | {base * 1e3:.1f} ms | {ratio} | " + " | ".join(cells) + " |")
+    return lines
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    choices = sorted(REPOSITORY) + sorted(beyond_models.MODELS)
+    parser.add_argument("--models", nargs="+", choices=choices, default=["vae", "triplet", "mixer", "transformer", "flax_gpt", "resnet"])
+    parser.add_argument("--ratios", nargs="+", type=float, default=[0.7, 0.5, 0.3])
+    parser.add_argument("--repeats", type=int, default=7)
+    parser.add_argument("--output", help="append the markdown report here")
+    args = parser.parse_args(argv)
+    warnings.simplefilter("ignore")  # (the thrash and slow-plan warnings)
+    header = "| model | `jax.jit(jax.grad)` | budget | chunks (`\"always\"`) | one program (`\"whole\"`) |"
+    return report("A planned step as one XLA program", args.repeats, header, args.models, lambda name: bench(name, args.ratios, args.repeats), args.output)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
