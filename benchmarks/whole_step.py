@@ -100,7 +100,8 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     warnings.simplefilter("ignore")  # (the thrash and slow-plan warnings)
     header = "| model | `jax.jit(jax.grad)` | budget | chunks (`\"always\"`) | one program (`\"whole\"`) |"
-    return report("A planned step as one XLA program", args.repeats, header, args.models, lambda name: bench(name, args.ratios, args.repeats), args.output)
+    rows = lambda name: bench(name, args.ratios, args.repeats)  # noqa: E731
+    return report("A planned step as one XLA program", args.repeats, header, args.models, rows, args.output)
 
 
 if __name__ == "__main__":

@@ -259,7 +259,8 @@ class _ValueAndGrad:
         chunked = bool(in_chunks) and plan.compiled is None  # its first run as chunks: settled for them first
         if self.chunks == WHOLE and in_chunks and not (self.timeline or self.log is not None):
             if eligible(program, run_device(program, inputs), self.holomorphic):
-                make = lambda: whole_step(program, self.fun, self.argnums, self.has_aux, self.value, self.heuristic, traced.arguments, traced.out_tree, traced.aux, inputs, planned_for)  # noqa: E731
+                how = (self.fun, self.argnums, self.has_aux, self.value, self.heuristic)
+                make = lambda: whole_step(program, *how, traced.arguments, traced.out_tree, traced.aux, inputs, planned_for)  # noqa: E731
                 ran = run_whole(plan, make, inputs, check, self.return_stats, planning, program.num_equations)
                 if ran is not None:
                     return (*ran, None)
