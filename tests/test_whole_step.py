@@ -15,12 +15,7 @@ from flax import nnx
 import jdtr
 import jdtr.nnx
 from jdtr import models
-
-
-def assert_close(actual, expected, rtol=1e-5, atol=1e-6):
-    assert jax.tree_util.tree_structure(actual) == jax.tree_util.tree_structure(expected)
-    for a, e in zip(jax.tree_util.tree_leaves(actual), jax.tree_util.tree_leaves(expected)):
-        np.testing.assert_allclose(np.asarray(a), np.asarray(e), rtol=rtol, atol=atol)
+from program_strategies import assert_trees_close
 
 
 def live_ids():
@@ -42,7 +37,7 @@ def test_a_step_that_fits_as_one_program_runs_as_one_within_the_budget(ratio):
         assert stats.peak_bytes <= stats.budget_bytes and stats.live_peak_bytes <= stats.budget_bytes, stats
         assert (stats.rematerializations > 0) == (ratio < 1.0), stats
         assert stats.planning_time_s > 0 if call == 0 else stats.planning_time_s == 0, stats
-        assert_close(grads, expected)
+        assert_trees_close(grads, expected)
     # Its bytes are XLA's for the compiled path's plan at the same budget (the
     # loss's value, not asked for, is one scalar more).
     plan = jdtr.plan(m.loss, m.params, m.batch, budget=stats.budget_bytes, autotune=False)
@@ -56,17 +51,25 @@ def test_a_step_that_fits_as_one_program_runs_as_one_within_the_budget(ratio):
     assert live_ids() - before - grad_ids == set()
 
 
-def test_where_no_plan_fits_as_one_program_it_runs_in_chunks():
-    """Below what the compiled path can reach (its floor is XLA's for the
-    step) but within the planned run's: compiled chunks, as `"always"`."""
+@pytest.mark.parametrize("ratio", [0.4, 0.3])
+def test_where_no_plan_fits_as_one_program_it_runs_in_chunks(ratio):
+    """One program exactly where the compiled path has a plan at the budget
+    (here, at 0.3 of the peak, it has none: XLA's floor for the step is
+    higher than the planned run's); compiled chunks, as `"always"`, elsewhere."""
     m = models.mlp_chain(layers=16, width=64, batch=256)
-    step = jdtr.grad(m.loss, budget=0.3, chunks="whole", return_stats=True, debug=True)
-    with pytest.raises(jdtr.OutOfBudgetError):
-        jdtr.plan(m.loss, m.params, m.batch, budget=int(0.3 * step(m.params, m.batch)[1].unconstrained_peak_bytes), autotune=False)
+    # (one heuristic that plans 0.3: the portfolio's refinement runs the solver, a minute here)
+    step = jdtr.grad(m.loss, budget=ratio, chunks="whole", heuristic="msps", return_stats=True, debug=True)
+    budget = step(m.params, m.batch)[1].budget_bytes
+    try:
+        fits = jdtr.plan(m.loss, m.params, m.batch, budget=budget, heuristic="msps", autotune=False).compiled_bytes <= budget
+    except jdtr.OutOfBudgetError:
+        fits = False
+    assert fits or ratio < 0.4  # (both cases are met, on the JAX versions tried)
     for _ in range(2):
         grads, stats = step(m.params, m.batch)
-        assert stats.execution == "chunks" and stats.live_peak_bytes <= stats.budget_bytes, stats
-    assert_close(grads, jax.grad(m.loss)(m.params, m.batch))
+        assert stats.execution == ("whole" if fits else "chunks"), stats
+        assert stats.peak_bytes <= stats.budget_bytes and stats.live_peak_bytes <= stats.budget_bytes, stats
+    assert_trees_close(grads, jax.grad(m.loss)(m.params, m.batch))
 
 
 def test_value_aux_and_argnums_as_one_program():
@@ -92,7 +95,7 @@ def test_value_aux_and_argnums_as_one_program():
             grads, aux = got
         assert aux["count"] == 3
         np.testing.assert_allclose(aux["norm"], expected[0][1]["norm"], rtol=1e-5)
-        assert_close(grads, expected[1])
+        assert_trees_close(grads, expected[1])
 
 
 def test_steps_that_depend_on_how_a_run_is_cut_keep_the_planned_run():
@@ -126,7 +129,7 @@ def test_steps_that_depend_on_how_a_run_is_cut_keep_the_planned_run():
         if has_aux:
             got, label = got
             assert label == "a label"
-        assert_close(got, jax.grad(loss, has_aux=has_aux)(ws, x)[0] if has_aux else jax.grad(loss)(ws, x))
+        assert_trees_close(got, jax.grad(loss, has_aux=has_aux)(ws, x)[0] if has_aux else jax.grad(loss)(ws, x))
     assert len(seen) == 3  # jax.grad's once, each of the two calls' once
 
 
@@ -146,6 +149,6 @@ def test_nnx_and_a_bad_policy():
     for _ in range(2):
         got, stats = jdtr.nnx.grad(objective, budget=0.5, chunks="whole", return_stats=True)(model, x)
         assert stats.execution == "whole" and stats.peak_bytes <= stats.budget_bytes, stats
-    assert_close(nnx.state(got), nnx.state(expected))
+    assert_trees_close(nnx.state(got), nnx.state(expected))
     with pytest.raises(ValueError, match="whole"):
         jdtr.grad(objective, chunks="entire")

@@ -491,6 +491,29 @@ def make_plan(
         base.forget_lowerings()
 
 
+def quick_plan(
+    fun: Callable, args: tuple, kwargs: dict, budget_bytes: int, argnums, has_aux: bool, heuristic, attempts: int = 6
+) -> Optional[Plan]:
+    """The plan `make_plan` would make at `budget_bytes` (its search, within
+    `attempts` compiles per scan strategy before its last resorts), else
+    None: where none fits, no budget is searched for the error to suggest,
+    and none is autotuned. For a caller with a plan of its own to fall back
+    on (`jdtr.grad(..., chunks="whole")`)."""
+    _, arguments = flatten_arguments(argnums, args, kwargs, eager=False)
+    base = _planning_for(fun, argnums, has_aux, heuristic, "auto", on_planning_mesh(arguments))
+    try:
+        if base.unconstrained <= budget_bytes:
+            return _without_remat(base, budget_bytes, heuristic, fun)
+        for planning in base.scan_levels():
+            if not out_of_reach(planning, budget_bytes):
+                chosen = PlanSearch(planning, budget_bytes, heuristic, "auto").run(attempts)
+                if chosen is not None:
+                    return chosen
+        return None
+    finally:
+        base.forget_lowerings()
+
+
 def _without_remat(planning: Planning, target: float, heuristic, fun: Callable) -> Plan:
     """The plan that recomputes nothing: `jax.grad`'s own step (no segments), of `fun` itself."""
     sim_peak = planning.vg.unconstrained_peak()

@@ -9,7 +9,8 @@ loss at 0.3 as 24 chunks at 2.0x (docs/benchmarks.md, "A planned step as one
 XLA program"). The dispatches, not the recomputation, were most of that.
 
 The compiled path plans the same step for `jax.jit` (`planning.make_plan`,
-what `jdtr.remat_grad` runs): DTR simulated on the forward program, its
+what `jdtr.remat_grad` runs; here its search without autotuning, and
+without the budget an error would suggest, `planning.quick_plan`): DTR simulated on the forward program, its
 decisions exported as `jax.checkpoint` segments, the plan kept only where
 XLA's own analysis of the whole compiled step (`memory_analysis()`:
 arguments, outputs and temporaries) fits the budget. That is the budget
@@ -34,12 +35,12 @@ from typing import Any, Callable, Optional, Sequence, Union
 import jax
 import jax.numpy as jnp
 
-from ..runtime import Heuristic, OutOfBudgetError
+from ..runtime import Heuristic
 from .aux import array_leaves
 from .compiled import executable_bytes
 from .costs import NANOSECOND
 from .planner import AUTO
-from .planning import make_plan
+from .planning import quick_plan
 from .program import Equation, Program, Value
 
 WHOLE = "whole"
@@ -106,9 +107,8 @@ def whole_step(
     start = time.perf_counter()
     args, kwargs = arguments.unflatten(inputs)
     chosen = COMPILED_PATH_HEURISTIC if heuristic == AUTO else heuristic
-    try:
-        plan = make_plan(fun, args, kwargs, budget_bytes, argnums, has_aux, chosen, autotune=False)
-    except OutOfBudgetError:
+    plan = quick_plan(fun, args, kwargs, budget_bytes, argnums, has_aux, chosen)
+    if plan is None:
         return None
 
     loss = program.outputs[0]  # (its place in the outputs: a value the caller did not ask for is a zero there)
