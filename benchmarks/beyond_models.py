@@ -309,6 +309,17 @@ def relative_error(got, want) -> float:
     return max(errors, default=0.0)
 
 
+def interleaved_medians(contenders: dict, args: tuple, repeats: int) -> dict:
+    """Each contender's median seconds over `repeats` rounds, one run of each per round."""
+    times = {key: [] for key in contenders}
+    for _ in range(repeats):
+        for key, f in contenders.items():
+            start = time.perf_counter()
+            jax.block_until_ready(f(*args))
+            times[key].append(time.perf_counter() - start)
+    return {key: statistics.median(t) for key, t in times.items()}
+
+
 def bench(name: str, repeats: int) -> list[str]:
     label, loss, params, x = MODELS[name]()
     jit = jax.jit(jax.grad(loss))
@@ -333,14 +344,9 @@ def bench(name: str, repeats: int) -> list[str]:
         contenders["remat"] = jax.jit(remat)
     except jdtr.OutOfBudgetError as err:
         cells["remat"] = f"raises, suggests {err.suggested_budget_bytes / full:.2f}"
-    times = {key: [] for key in contenders}
-    for _ in range(repeats):
-        for key, f in contenders.items():
-            start = time.perf_counter()
-            jax.block_until_ready(f(params, x))
-            times[key].append(time.perf_counter() - start)
-    base = statistics.median(times["jit"])
-    ratio = {key: statistics.median(t) / base for key, t in times.items()}
+    medians = interleaved_medians(contenders, (params, x), repeats)
+    base = medians["jit"]
+    ratio = {key: t / base for key, t in medians.items()}
 
     def cell(key) -> str:
         return f"{ratio[key]:.2f}x ({cells[key]})" if key in ratio else cells[key]

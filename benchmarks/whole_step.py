@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import statistics
 import sys
 import time
 import warnings
@@ -25,18 +24,13 @@ import warnings
 import jax
 
 import jdtr
-from jdtr import models
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import beyond_models  # noqa: E402
+from chunk_cost import MODELS as CHUNK_COST_MODELS  # noqa: E402
 from slack_benchmark import report  # noqa: E402
 
-REPOSITORY = {
-    "mlp": lambda: models.mlp_chain(layers=64, width=256, batch=2048),
-    "resnet": lambda: models.resnet(blocks=4, channels=32, image=32, batch=16),
-    "transformer": lambda: models.transformer(blocks=4, dim=128, heads=4, seq=128, batch=8, vocab=256),
-    "flax_gpt": lambda: models.flax_gpt(layers=4, dim=128, heads=4, seq=128, batch=8, vocab=256),
-}
+REPOSITORY = {name: CHUNK_COST_MODELS[name] for name in ("mlp", "resnet", "transformer", "flax_gpt")}
 MODES = ("always", "whole")
 
 
@@ -71,20 +65,15 @@ def bench(name: str, ratios, repeats: int) -> list[str]:
                 f"first call {first:.1f} s, error {error:.0e}"
             )
             contenders[ratio, mode] = (lambda s: lambda *a: s(*a)[0])(step)
-    times = {key: [] for key in contenders}
-    for _ in range(repeats):
-        for key, f in contenders.items():
-            start = time.perf_counter()
-            jax.block_until_ready(f(params, x))
-            times[key].append(time.perf_counter() - start)
-    base = statistics.median(times["jit"])
+    medians = beyond_models.interleaved_medians(contenders, (params, x), repeats)
+    base = medians["jit"]
     lines = []
     for ratio in ratios:
         cells = []
         for mode in MODES:
             cell = rows[ratio, mode]
-            if (ratio, mode) in times:
-                cell = f"{statistics.median(times[ratio, mode]) / base:.2f}x ({cell})"
+            if (ratio, mode) in medians:
+                cell = f"{medians[ratio, mode] / base:.2f}x ({cell})"
             cells.append(cell)
         lines.append(f"| {label} | {base * 1e3:.1f} ms | {ratio} | " + " | ".join(cells) + " |")
     return lines
