@@ -122,8 +122,8 @@ def whole_step(
             zero = jnp.zeros(loss.shape, loss.dtype) if isinstance(loss, Value) else loss.value
             value_and_grads = ((zero, grads[1]), grads[0]) if has_aux else (zero, grads)
         if has_aux:  # (as the traced program returns it: the aux value's arrays, `aux.arrays_of_aux`)
-            (v, aux), grads = value_and_grads
-            value_and_grads = (v, array_leaves(jax.tree_util.tree_leaves(aux))), grads
+            (v, extra), grads = value_and_grads
+            value_and_grads = (v, array_leaves(jax.tree_util.tree_leaves(extra))), grads
         return value_and_grads
 
     lowered = jax.jit(step).lower(*inputs)
@@ -167,7 +167,7 @@ def run_whole(
     """Runs `plan` (a `planner.PlannedRun`) as one program, made by `make()`
     on its first run (the time it takes counts as the plan's planning), and
     returns the outputs and the `Stats` fields; None where no such program
-    fits, and never is tried again for this plan."""
+    fits (then it is not tried again for this plan)."""
     if plan.whole is None:
         start = time.perf_counter()
         plan.whole = make() or False
