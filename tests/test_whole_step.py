@@ -38,6 +38,7 @@ def test_a_step_that_fits_as_one_program_runs_as_one_within_the_budget(ratio):
         assert (stats.rematerializations > 0) == (ratio < 1.0), stats
         assert stats.planning_time_s > 0 if call == 0 else stats.planning_time_s == 0, stats
         assert_trees_close(grads, expected)
+    assert jdtr.cache_info().whole_steps >= 1  # (its code's bytes: 0 on the CPU, which reports none)
     # Its bytes are XLA's for the compiled path's plan at the same budget (the
     # loss's value, not asked for, is one scalar more).
     plan = jdtr.plan(m.loss, m.params, m.batch, budget=stats.budget_bytes, autotune=False)
@@ -49,6 +50,8 @@ def test_a_step_that_fits_as_one_program_runs_as_one_within_the_budget(ratio):
     grad_ids = {id(g) for g in jax.tree_util.tree_leaves(grads)}
     del grads
     assert live_ids() - before - grad_ids == set()
+    jdtr.clear_caches()
+    assert jdtr.cache_info().whole_steps == 0
 
 
 @pytest.mark.parametrize("ratio", [0.4, 0.3])

@@ -197,6 +197,8 @@ class CacheInfo:
         `memory_analysis()` (0 where it reports none).
       executables: the jitted executables of single equations (shared by
         all traces; `executable.MAX_EXECUTABLES` at most).
+      whole_steps: plans' steps compiled as one program (`chunks="whole"`;
+        one per plan at most), and `whole_step_code_bytes` their generated code.
     """
 
     traces: int
@@ -205,12 +207,15 @@ class CacheInfo:
     constant_bytes: int
     chunk_code_bytes: int
     executables: int = 0
+    whole_steps: int = 0
+    whole_step_code_bytes: int = 0
 
 
 def cache_info() -> CacheInfo:
     """What `jdtr.grad`'s trace, plan and chunk caches hold now."""
     traces = [traced for cache in _all_caches() for traced in cache.values()]
     count, code = chunks.chunk_cache_size()
+    wholes = [plan.whole for t in traces for plan in list(t.plans.values()) if plan.whole]
     return CacheInfo(
         traces=len(traces),
         plans=sum(len(t.plans) for t in traces),
@@ -218,6 +223,8 @@ def cache_info() -> CacheInfo:
         constant_bytes=sum(t.constant_bytes for t in traces),
         chunk_code_bytes=code,
         executables=executable.executable_cache_size(),
+        whole_steps=len(wholes),
+        whole_step_code_bytes=sum(w.code_bytes for w in wholes),
     )
 
 

@@ -60,6 +60,7 @@ class WholeStep:
       simulated: the DTR run its segments were read from (a `jdtr.SimResult`).
       segments: its top-level `jax.checkpoint` segments.
       planning_time_s: planning and compiling it took.
+      code_bytes: XLA's generated code for it (0 where it reports none).
     """
 
     executable: Any
@@ -67,6 +68,7 @@ class WholeStep:
     simulated: Any
     segments: int
     planning_time_s: float
+    code_bytes: int = 0
 
     def __call__(self, inputs: Sequence[Any]) -> list:
         return jax.tree_util.tree_leaves(self.executable(*inputs))
@@ -133,7 +135,8 @@ def whole_step(
     nbytes = executable_bytes(executable)
     if nbytes > budget_bytes:
         return None
-    return WholeStep(executable, nbytes, plan.simulated, len(plan.segments), time.perf_counter() - start)
+    code = int(getattr(executable.memory_analysis(), "generated_code_size_in_bytes", 0) or 0)
+    return WholeStep(executable, nbytes, plan.simulated, len(plan.segments), time.perf_counter() - start, max(code, 0))
 
 
 def report_of_whole(whole: WholeStep, pinned_bytes: int, wall_time_s: float, planning_time_s: float) -> dict[str, Any]:
