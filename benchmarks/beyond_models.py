@@ -17,9 +17,7 @@ from __future__ import annotations
 
 import argparse
 import os
-import statistics
 import sys
-import time
 import warnings
 
 import jax
@@ -31,6 +29,7 @@ import jdtr
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from remat_benchmark import compiled  # noqa: E402
+from scan_benchmark import interleaved_medians  # noqa: E402
 from slack_benchmark import report  # noqa: E402
 
 KEYS = jax.random.split(jax.random.PRNGKey(0), 8)
@@ -307,17 +306,6 @@ def relative_error(got, want) -> float:
         if np.size(w)
     ]
     return max(errors, default=0.0)
-
-
-def interleaved_medians(contenders: dict, args: tuple, repeats: int) -> dict:
-    """Each contender's median seconds over `repeats` rounds, one run of each per round."""
-    times = {key: [] for key in contenders}
-    for _ in range(repeats):
-        for key, f in contenders.items():
-            start = time.perf_counter()
-            jax.block_until_ready(f(*args))
-            times[key].append(time.perf_counter() - start)
-    return {key: statistics.median(t) for key, t in times.items()}
 
 
 def bench(name: str, repeats: int) -> list[str]:

@@ -12,9 +12,7 @@ compare versions, each in its own process, in turns:
 from __future__ import annotations
 
 import argparse
-import statistics
 import sys
-import time
 import timeit
 
 import jax
@@ -23,6 +21,9 @@ import jdtr
 from jdtr import models
 from jdtr.transform import rental
 from jdtr.transform.arguments import flatten_arguments
+
+sys.path.insert(0, __file__.rsplit("/", 1)[0])
+from scan_benchmark import interleaved_medians  # noqa: E402
 
 rental.COMPILE_RATE = rental.CompileRate(0.0, weight=None)  # chunks from a plan's second run, as these tables measure (rental_benchmark.py: the rule)
 
@@ -36,13 +37,7 @@ def measure(ratios, calls: int) -> dict:
     for fn in contenders.values():
         for _ in range(4):  # plans and runs step by step, compiles the chunks, runs them
             jax.block_until_ready(fn(*args))
-    times = {name: [] for name in contenders}
-    for _ in range(calls):
-        for name, fn in contenders.items():
-            start = time.perf_counter()
-            jax.block_until_ready(fn(*args))
-            times[name].append(time.perf_counter() - start)
-    med = {name: statistics.median(t) for name, t in times.items()}
+    med = interleaved_medians(contenders, args, calls)
     flatten = min(timeit.repeat(lambda: flatten_arguments(0, args, {}, eager=True), number=500, repeat=3)) / 500
     return {"flatten_us": flatten * 1e6, **{r: med[r] / med["jit"] for r in ratios}}
 

@@ -28,6 +28,7 @@ import jdtr
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import beyond_models  # noqa: E402
 from chunk_cost import MODELS as CHUNK_COST_MODELS  # noqa: E402
+from scan_benchmark import interleaved_medians  # noqa: E402
 from slack_benchmark import report  # noqa: E402
 
 REPOSITORY = {name: CHUNK_COST_MODELS[name] for name in ("mlp", "resnet", "transformer", "flax_gpt")}
@@ -65,7 +66,7 @@ def bench(name: str, ratios, repeats: int) -> list[str]:
                 f"first call {first:.1f} s, error {error:.0e}"
             )
             contenders[ratio, mode] = (lambda s: lambda *a: s(*a)[0])(step)
-    medians = beyond_models.interleaved_medians(contenders, (params, x), repeats)
+    medians = interleaved_medians(contenders, (params, x), repeats)
     base = medians["jit"]
     lines = []
     for ratio in ratios:
