@@ -9,13 +9,14 @@ examples each property test draws under "fuzz".
 from __future__ import annotations
 
 import gc
+import math
 import os
 
 import jax
 import pytest
 from hypothesis import HealthCheck, settings
 
-from jdtr.transform import rental
+from jdtr.transform import rental, whole_choice
 
 _SLOW_IS_FINE = [HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.filter_too_much]
 
@@ -67,6 +68,15 @@ def compile_on_second_run(monkeypatch):
     tests check the runs on either side of it. tests/test_rental.py checks
     the rule itself with rates of its own."""
     monkeypatch.setattr(rental, "COMPILE_RATE", rental.CompileRate(0.0, weight=None))
+
+
+@pytest.fixture(autouse=True)
+def no_whole_trial_by_time(monkeypatch):
+    """Under `chunks="auto"`, plans keep their chunks: when a plan's timed
+    chunk runs pay for making its step as one program depends on this
+    machine's timings (`whole_choice.py`). tests/test_whole_choice.py sets
+    a price of its own."""
+    monkeypatch.setattr(whole_choice, "WHOLE_PRICE", math.inf)
 
 
 # Garbage collection over a worker's whole heap. A worker runs hundreds of

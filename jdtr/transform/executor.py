@@ -69,6 +69,7 @@ def chunks_for(
     plan.compiled = cut(plan.line, slot_avals(plan.line, program), budget_bytes, device)
     plan.compiled_on = device
     elapsed = time.perf_counter() - start
+    plan.compile_s += elapsed
     rental.COMPILE_RATE.observe(operations(plan.line), elapsed)
     return plan.compiled, elapsed
 

@@ -75,7 +75,8 @@ from .paths import run_by_paths
 from .planner import AUTO, THRASH_OVERHEAD, branching, observe, plannable, verified_budget
 from .slack import chunk_seconds, settle
 from .reporting import report_of
-from .whole_step import WHOLE, eligible, run_whole, whole_step
+from .whole_choice import chunks_ran, one_program, open_trial
+from .whole_step import WHOLE, eligible, may_be_whole, whole_step
 
 MODES = ("planned", "online")
 CHUNK_POLICIES = ("auto", "always", "never", WHOLE)
@@ -174,9 +175,7 @@ class _ValueAndGrad:
         value, grads = value_and_grads
         if self.value:
             return value_and_grads
-        if self.has_aux:
-            return grads, value[1]
-        return grads
+        return (grads, value[1]) if self.has_aux else grads
 
     def _run(self, traced: Traced, inputs: list, owned: list, cache_hit: bool, remake: Callable[[], list]):
         """Runs the program on `inputs` within the budget: returns the outputs,
@@ -257,13 +256,13 @@ class _ValueAndGrad:
             warnings.warn(ThrashWarning(plan.overhead, budget_bytes, plan.calm_budget_bytes, plan.heuristic), stacklevel=4)
         in_chunks = compiles(plan, chunks) if plan.path is None else None  # (by paths: decided per plan followed)
         chunked = bool(in_chunks) and plan.compiled is None  # its first run as chunks: settled for them first
-        if self.chunks == WHOLE and in_chunks and not (self.timeline or self.log is not None):
-            if eligible(program, run_device(program, inputs), self.holomorphic):
-                how = (self.fun, self.argnums, self.has_aux, self.value, self.heuristic)
-                make = lambda: whole_step(program, *how, traced.arguments, traced.out_tree, traced.aux, inputs, planned_for)  # noqa: E731
-                ran = run_whole(plan, make, inputs, check, self.return_stats, planning, program.num_equations)
-                if ran is not None:
-                    return (*ran, None)
+        how = (self.fun, self.argnums, self.has_aux, self.value, self.heuristic)
+        make = lambda: whole_step(program, *how, traced.arguments, traced.out_tree, traced.aux, inputs, planned_for)  # noqa: E731
+        may_whole = in_chunks and not (self.timeline or self.log is not None) and eligible(program, run_device(program, inputs), self.holomorphic)
+        if may_whole and (self.chunks == WHOLE or plan.trial):  # as one program (`whole_choice.py`)
+            ran = one_program(self.chunks, plan, make, inputs, check, self.return_stats, planning, program.num_equations)
+            if ran is not None:
+                return (*ran, None)
         if (planned_before and plan.remaining or chunked) and traced.claim(key):  # it came back, or is to be compiled
             before, settled = plan.planning_time_s, plan
             try:  # (with a log, the run stays the plan at the budget: `jdtr.simulate` replays it there)
@@ -302,11 +301,17 @@ class _ValueAndGrad:
             items, compiling = chunks_for(plan, program, chunks, planned_for, in_chunks, execution.device)
             planning += compiling
             compiled, rents = items is not None, items is None and renting(plan, chunks)  # (rents: rental.py)
+            if compiled and self.chunks == "auto" and may_whole and plan.trial is None:  # (`whole_choice.py`)
+                open_trial(plan, may_be_whole(program, traced.aux))
+            timed = compiled and may_whole and plan.trial and plan.trial.timing
             execution.after = guard.watch(plan, "chunks" if compiled else "steps", inputs, program.held_bytes, check)
             # (It returns once dispatched, as jit does, unless something waits for the run's end.)
-            outputs, wall = execution.run(items, rents or self.return_stats or check is not None or execution.after is not None)
+            wait = rents or timed or self.return_stats or check is not None or execution.after is not None
+            outputs, wall = execution.run(items, wait)
             if rents:
                 plan.rent.paid(wall)
+            elif timed:
+                chunks_ran(plan, wall)
         report = report_of(plan.counters, plan.heuristic, wall, self.timeline and plan.timeline, plan.baseline_cost)
         report.update(
             chunks=execution.dispatches, planning_time_s=planning, execution="chunks" if compiled else "steps", scans=plan.scans,
@@ -470,11 +475,12 @@ def value_and_grad(
         it online.
       chunks: how a plan runs: "auto" (one equation per dispatch until
         those runs have taken as long as compiling the plan's chunks is
-        expected to, then compiled chunks: a structure called a few times
-        compiles nothing), "always" (compiled chunks at once), "never", or
-        "whole": the step as one XLA program from its first run, the plan
-        `jdtr.plan` makes at the same budget in bytes, where XLA's analysis
-        of it fits (`transform/whole_step.py`); else as "always".
+        expected to, then compiled chunks, and once those took twice their
+        compile, timed against the "whole" program, the faster kept:
+        `transform/whole_choice.py`), "always" (compiled chunks at once),
+        "never", or "whole": the step as one XLA program from its first run,
+        the plan `jdtr.plan` makes at the same budget in bytes, where XLA's
+        analysis of it fits (`transform/whole_step.py`); else as "always".
       scans: "keep" (the default): a planned run keeps a `lax.scan` of 4 or
         more iterations whole, one operation whose memory XLA's analysis
         gives, under the strategy of what its iterations keep (every

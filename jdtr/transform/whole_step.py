@@ -80,8 +80,12 @@ def eligible(program: Program, device: Any, holomorphic: bool) -> bool:
     return program.devices == 1 and device is None and not holomorphic
 
 
-def _plain(program: Program) -> bool:
-    """No `cond` on data (it would be planned per path) and no effects."""
+def may_be_whole(program: Program, aux: Any) -> bool:
+    """No `cond` on data (it would be planned per path), no effects, and no
+    leaf of the aux value (`aux.Aux`, or None) that is not an array
+    (`jax.jit` returns arrays only)."""
+    if aux is not None and aux.kept:
+        return False
     return not any(type(item) is not Equation or item.effects for item in program.body)
 
 
@@ -104,7 +108,7 @@ def whole_step(
     has conds or effects or no plan fits the budget by XLA's analysis.
     `value`: whether the caller asked for the loss's value (`jdtr.value_and_grad`);
     `aux`: the traced aux value's structure (`aux.Aux`), or None."""
-    if not _plain(program) or (aux is not None and aux.kept):  # (`jax.jit` returns arrays only: an aux string stays out)
+    if not may_be_whole(program, aux):
         return None
     start = time.perf_counter()
     args, kwargs = arguments.unflatten(inputs)
