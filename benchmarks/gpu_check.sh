@@ -8,9 +8,10 @@
 #   3. the cap on a chunk's computations side by side (`chunk_cost.py`:
 #      chunks, arrays crossing, host and step times): on the CPU the cap
 #      makes steps faster; whether it does on a GPU is this measurement, then
-#   4. what a chunk is worth (`slack_benchmark.py --slacks`: the transformer
-#      at 0.5 planned for 10-30% less than its budget, fewer chunks for more
-#      recomputation, side by side), then
+#   4. a plan's chunks against its step as one program (`whole_step.py`:
+#      "always", "whole" and the default's choice between them by timing,
+#      side by side; on the CPU neither was faster on every model, and on a
+#      GPU a chunk costs the host more), then
 #   5. the test suite on the machine's JAX (0.11 there, which CI cannot
 #      install), on its CPU backend, beside
 #   6. allocator peaks of jdtr.grad's steps on the GPU (`device_peak.py`:
@@ -23,10 +24,11 @@
 # start (about 35 s), one call fits a 15-minute lease. What it printed comes
 # back under $OUT even when it is cut short (the benchmarks print each row as
 # it is made), in eight files (the most the device tool brings back): the
-# slack benchmark's rows follow the chunk cap's in caps.txt.
+# one-program rows follow the chunk cap's in caps.txt. (`slack_benchmark.py
+# --slacks`, what a chunk is worth, ran here before: SLACK_S=60 runs it after them.)
 #
 #   bash benchmarks/gpu_check.sh            # in the device tool's `run`, timeout_s=550
-#   TIMES_S=180 PROFILE_S=60 CAPS_S=240 SLACK_S=120 SUITE_S=270 PEAKS_S=240 bash benchmarks/gpu_check.sh
+#   TIMES_S=180 PROFILE_S=60 CAPS_S=240 WHOLE_S=180 SUITE_S=270 PEAKS_S=240 bash benchmarks/gpu_check.sh
 set -u
 OUT=${OUT:-/tmp/gpu_check}
 mkdir -p "$OUT"
@@ -36,7 +38,8 @@ PY=${PY:-python3}
 TIMES_S=${TIMES_S:-140}
 PROFILE_S=${PROFILE_S:-45}
 CAPS_S=${CAPS_S:-70}
-SLACK_S=${SLACK_S:-60}
+WHOLE_S=${WHOLE_S:-60}
+SLACK_S=${SLACK_S:-0}
 SUITE_S=${SUITE_S:-185}
 PEAKS_S=${PEAKS_S:-150}
 TRACE_S=${TRACE_S:-60}
@@ -60,9 +63,13 @@ echo "host_profile exit $?" >> "$OUT/profile.txt"
 timeout "$CAPS_S" $PY benchmarks/chunk_cost.py --models transformer resnet --ratios 1.0 0.5 --caps 512 0 --repeats 15 > "$OUT/caps.txt" 2>&1
 echo "chunk_cost exit $?" >> "$OUT/caps.txt"
 
-# 4. What a chunk is worth, side by side, alone.
-timeout "$SLACK_S" $PY benchmarks/slack_benchmark.py --models transformer --ratios 0.5 --slacks 0.1 0.2 0.3 >> "$OUT/caps.txt" 2>&1
-echo "slack_benchmark exit $?" >> "$OUT/caps.txt"
+# 4. Chunks against one program, side by side, alone (then, where SLACK_S is set, what a chunk is worth).
+timeout "$WHOLE_S" $PY benchmarks/whole_step.py --models ${WHOLE_MODELS:-transformer mlp} --ratios 0.5 --repeats 7 >> "$OUT/caps.txt" 2>&1
+echo "whole_step exit $?" >> "$OUT/caps.txt"
+if [ "$SLACK_S" -gt 0 ]; then
+  timeout "$SLACK_S" $PY benchmarks/slack_benchmark.py --models transformer --ratios 0.5 --slacks 0.1 0.2 0.3 >> "$OUT/caps.txt" 2>&1
+  echo "slack_benchmark exit $?" >> "$OUT/caps.txt"
+fi
 
 # 5. The suite on the CPU backend; SIGINT at the limit makes pytest print what failed so far.
 JAX_PLATFORMS=cpu timeout -s INT "$SUITE_S" $PY -m pytest -p no:cacheprovider -p no:benchmark -n "${SUITE_WORKERS:-12}" -v --tb=short -rf \

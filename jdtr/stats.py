@@ -39,7 +39,8 @@ class Stats:
       execution: how the run went: "chunks" (a plan made before the run,
         as compiled chunks), "steps" (a plan, one equation per dispatch: a
         plan's runs until compiling its chunks pays, with `chunks="auto"`),
-        "whole" (with `chunks="whole"`: the step as one XLA program, its
+        "whole" (with `chunks="whole"`, or where `"auto"` found it faster than
+        the chunks: the step as one XLA program, its
         `peak_bytes` XLA's for it, its recomputation that of the plan's
         `jax.checkpoint` segments) or "online" (DTR deciding as it ran).
       chunks: dispatches the run made: compiled chunks, or equations run

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import gc
 import statistics
+import time
 
 import jax
 import jax.numpy as jnp
@@ -12,7 +13,8 @@ import numpy as np
 
 import jdtr
 from jdtr import models
-from jdtr.transform import gradients, whole_choice
+from jdtr.transform import gradients, plan_search, whole_choice
+from jdtr.transform.planning import quick_plan
 from jdtr.transform.whole_choice import CHUNKS, MAKE, TRIAL_RUNS, WHOLE, WholeTrial
 from program_strategies import assert_trees_close
 
@@ -152,3 +154,27 @@ def test_steps_that_depend_on_how_a_run_is_cut_are_not_tried(monkeypatch, tmp_pa
         executions = {step(*args)[1].execution for _ in range(5)}
         assert "whole" not in executions, (options, executions)
     assert made == []
+
+
+def test_the_search_for_the_program_starts_no_attempt_past_its_deadline(monkeypatch):
+    """The trial's making is bounded by its price: past the deadline the
+    compiled path's search starts no attempt but its first and compiles no
+    last resort (here, at 0.3 of the MLP's peak, where none fits)."""
+    measured = []
+    real = plan_search.PlanSearch.measure
+
+    def counted(self, plan):
+        measured.append(plan)
+        return real(self, plan)
+
+    monkeypatch.setattr(plan_search.PlanSearch, "measure", counted)
+    m = models.mlp_chain(layers=16, width=64, batch=256)
+    budget = int(0.3 * jdtr.plan(m.loss, m.params, m.batch, budget=1.0, autotune=False).compiled_bytes)
+    measured.clear()
+    args = (m.loss, (m.params, m.batch), {}, budget, 0, False, "dtr_eq")
+    assert quick_plan(*args) is None
+    unlimited = len(measured)
+    measured.clear()
+    assert quick_plan(*args, deadline=time.perf_counter()) is None
+    assert 1 <= len(measured) < unlimited, (len(measured), unlimited)
+    assert len(measured) <= 5  # one attempt: the plan, and its tied and gated variants at most

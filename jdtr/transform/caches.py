@@ -197,8 +197,9 @@ class CacheInfo:
         `memory_analysis()` (0 where it reports none).
       executables: the jitted executables of single equations (shared by
         all traces; `executable.MAX_EXECUTABLES` at most).
-      whole_steps: plans' steps compiled as one program (`chunks="whole"`;
-        one per plan at most), and `whole_step_code_bytes` their generated code.
+      whole_steps: plans' steps compiled as one program (`chunks="whole"`,
+        or tried by "auto"; one per plan at most), and `whole_step_code_bytes`
+        their generated code.
     """
 
     traces: int

@@ -257,7 +257,7 @@ class _ValueAndGrad:
         in_chunks = compiles(plan, chunks) if plan.path is None else None  # (by paths: decided per plan followed)
         chunked = bool(in_chunks) and plan.compiled is None  # its first run as chunks: settled for them first
         how = (self.fun, self.argnums, self.has_aux, self.value, self.heuristic)
-        make = lambda: whole_step(program, *how, traced.arguments, traced.out_tree, traced.aux, inputs, planned_for)  # noqa: E731
+        make = lambda within_s: whole_step(program, *how, traced.arguments, traced.out_tree, traced.aux, inputs, planned_for, within_s)  # noqa: E731
         may_whole = in_chunks and not (self.timeline or self.log is not None) and eligible(program, run_device(program, inputs), self.holomorphic)
         if may_whole and (self.chunks == WHOLE or plan.trial):  # as one program (`whole_choice.py`)
             ran = one_program(self.chunks, plan, make, inputs, check, self.return_stats, planning, program.num_equations)

@@ -13,6 +13,7 @@ candidates of one step) is what they search.
 from __future__ import annotations
 
 import dataclasses
+import time
 from typing import Any, Optional
 
 import jax
@@ -83,6 +84,11 @@ def model_target(planning: Any, target: float) -> float:
     return planning.scale.to_model(target) if planning.scale else float(target)
 
 
+def past(deadline: Optional[float]) -> bool:
+    """Whether `deadline` (a `time.perf_counter()`, or None: none) has passed."""
+    return deadline is not None and time.perf_counter() > deadline
+
+
 class PlanSearch:
     """The search for a plan of one planning (one scan strategy) that fits
     `target`: DTR's plan at a simulated budget, compiled and measured, then
@@ -112,12 +118,14 @@ class PlanSearch:
         [(_, step)] = self.planning.compile([plan])
         return self.record(plan, step.nbytes)
 
-    def run(self, max_attempts: int) -> Optional[Plan]:
-        """The plan within the budget, or None."""
+    def run(self, max_attempts: int, deadline: Optional[float] = None) -> Optional[Plan]:
+        """The plan within the budget, or None. `deadline`: a `time.perf_counter()`
+        after which no attempt but the first starts and no last resort is
+        compiled (a caller with a plan of its own to fall back on, `whole_choice.py`)."""
         planning, target = self.planning, self.target
         fallbacks: list[Plan] = []  # the path's plans over the target, gated by conds (`checkpoint.GATES`): the last resort
         attempts = repeats = 0
-        while attempts < max_attempts:
+        while attempts < max_attempts and not (attempts and past(deadline)):
             plan = search_simulated_budget(
                 planning, self.sim_peak, self.effective_target, self.heuristic, measured=self.tried
             )
@@ -178,7 +186,7 @@ class PlanSearch:
             # XLA needed more than the plan's memory model predicted: plan for
             # proportionally less.
             self.effective_target = self.less(self.effective_target, plan.compiled_bytes)
-        return self._last_resorts(fallbacks)
+        return self._measured_before() if past(deadline) else self._last_resorts(fallbacks)
 
     def _last_resorts(self, fallbacks: list[Plan]) -> Optional[Plan]:
         """Where the search's path found no plan that fits: left nestings, a

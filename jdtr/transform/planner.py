@@ -188,7 +188,7 @@ class PlannedRun:
     # The plans of the paths that parted from it (an error: the path does not fit).
     paths: "OrderedDict[tuple[int, ...], Union[PlannedRun, OutOfBudgetError]]" = field(default_factory=OrderedDict, repr=False)
     warned: bool = False  # a run by it thrashing was said (a path's plan: once it ran)
-    whole: Any = None  # the step as one program (`whole_step.WholeStep`), False where none fits or chunks won
+    whole: Any = None  # the step as one program (`whole_step.WholeStep`), False where none fits
     trial: Any = None  # chunks="auto": its chunks timed against that program (`whole_choice.WholeTrial`), False: none
     compile_s: float = 0.0  # seconds its chunks took to cut and compile
     watched: set = field(default_factory=set, repr=False)  # its runs whose allocator use was read ("steps", "chunks")

@@ -49,7 +49,7 @@ from .compiled import CompiledStep, compile_all, compiled_bytes, lower, measure_
 from .costly import costly_candidate
 from .devices import DeviceScale, device_bytes, device_scale, is_sharded, placed_scale, placements, unsharded
 from .lowering import simulation
-from .plan_search import PlanSearch, SlowPlanWarning, least_target_in_reach, out_of_reach, scan_floor
+from .plan_search import PlanSearch, SlowPlanWarning, least_target_in_reach, out_of_reach, past, scan_floor
 from .simulated_plans import search_simulated_budget, uniform_plan
 from .normalize import normalize
 from .program import Program, Value
@@ -492,21 +492,25 @@ def make_plan(
 
 
 def quick_plan(
-    fun: Callable, args: tuple, kwargs: dict, budget_bytes: int, argnums, has_aux: bool, heuristic, attempts: int = 6
+    fun: Callable, args: tuple, kwargs: dict, budget_bytes: int, argnums, has_aux: bool, heuristic, attempts: int = 6,
+    deadline: Optional[float] = None,
 ) -> Optional[Plan]:
     """The plan `make_plan` would make at `budget_bytes` (its search, within
     `attempts` compiles per scan strategy before its last resorts), else
     None: where none fits, no budget is searched for the error to suggest,
     and none is autotuned. For a caller with a plan of its own to fall back
-    on (`jdtr.grad(..., chunks="whole")`)."""
+    on (`jdtr.grad(..., chunks="whole")`). `deadline`: a `time.perf_counter()`
+    after which the search starts nothing but its first attempt (`PlanSearch.run`)."""
     _, arguments = flatten_arguments(argnums, args, kwargs, eager=False)
     base = _planning_for(fun, argnums, has_aux, heuristic, "auto", on_planning_mesh(arguments))
     try:
         if base.unconstrained <= budget_bytes:
             return _without_remat(base, budget_bytes, heuristic, fun)
-        for planning in base.scan_levels():
+        for level, planning in enumerate(base.scan_levels()):
+            if level and past(deadline):
+                break
             if not out_of_reach(planning, budget_bytes):
-                chosen = PlanSearch(planning, budget_bytes, heuristic, "auto").run(attempts)
+                chosen = PlanSearch(planning, budget_bytes, heuristic, "auto").run(attempts, deadline)
                 if chosen is not None:
                     return chosen
         return None

@@ -20,10 +20,13 @@ candidates of the step, each about a quarter of a chunk compile's time: a
 4-block transformer's chunks compiled in 5.1 s, its `jax.jit` step in 1.2
 s). That is the ski-rental rule again (`rental.py`): a structure called
 rarely never pays for the program, and one that pays has run at least as
-long as the program cost to make. Then the program is made; where none fits
-the budget, the plan runs in chunks from then on. Otherwise the next runs
-alternate, one program and chunks, `TRIAL_RUNS` of each after a first run of
-the program (its first allocations), and the plan keeps the one of the
+long as the program costs to make. Then the program is made, its search
+starting no attempt but its first past the price (a ResNet's at 0.3 of its
+peak, which compiles and measures gated convolution segments, took 48 s
+unbounded against a price of 12 s); where none fits the budget by then, the
+plan runs in chunks from then on. Otherwise the next runs alternate, one
+program and chunks, `TRIAL_RUNS` of each after the program's first run (the
+making's, and its first allocations), and the plan keeps the one of the
 lower median. Runs after that are not waited on. (The program, made, stays
 with the plan either way: a call with `chunks="whole"` runs by it.)
 
@@ -113,24 +116,26 @@ def open_trial(plan: Any, may: bool) -> None:
 
 
 def one_program(
-    policy: str, plan: Any, make: Callable[[], Optional[WholeStep]], inputs: Sequence[Any],
+    policy: str, plan: Any, make: Callable[[Optional[float]], Optional[WholeStep]], inputs: Sequence[Any],
     check: Optional[Callable[[], None]], wait: bool, planning_time_s: float, equations: int,
 ) -> Optional[tuple[list, dict[str, Any]]]:
-    """Runs `plan` (a `planner.PlannedRun`) as one program, made by `make()`
-    where it is not yet: always with `chunks="whole"` (`run_whole`), and
-    under "auto" where its trial says so. Returns the outputs and the
-    `Stats` fields, or None: run its chunks (timed while the trial is open,
-    then told by `chunks_ran`). `wait`: whether the caller waits for the
-    outputs anyway (`return_stats`)."""
+    """Runs `plan` (a `planner.PlannedRun`) as one program, made by
+    `make(within_s)` where it is not yet: always with `chunks="whole"`
+    (`run_whole`, its search unlimited), and under "auto" where its trial
+    says so (its search within the trial's price: past it, no attempt but
+    the first starts, so the making costs about the price and one attempt).
+    Returns the outputs and the `Stats` fields, or None: run its chunks
+    (timed while the trial is open, then told by `chunks_ran`). `wait`:
+    whether the caller waits for the outputs anyway (`return_stats`)."""
     if policy == WHOLE:
-        return run_whole(plan, make, inputs, check, wait, planning_time_s, equations)
+        return run_whole(plan, lambda: make(None), inputs, check, wait, planning_time_s, equations)
     trial = plan.trial
     if not trial:
         return None
     how = trial.next_run(plan.whole)
     if how == CHUNKS:
         return None
-    ran = run_whole(plan, make, inputs, check, wait or trial.timing, planning_time_s, equations)
+    ran = run_whole(plan, lambda: make(trial.price_s), inputs, check, wait or trial.timing, planning_time_s, equations)
     if ran is None:  # none fits: chunks from now on
         trial.next_run(plan.whole)
         return None

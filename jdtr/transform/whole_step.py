@@ -101,19 +101,22 @@ def whole_step(
     aux: Any,
     inputs: Sequence[Any],
     budget_bytes: int,
+    within_s: Optional[float] = None,
 ) -> Optional[WholeStep]:
     """The compiled path's plan of `fun` (traced as `program`) at
     `budget_bytes`, compiled for `inputs` (the call's traced leaves,
     `arguments.unflatten` puts them in place), or None where the program
     has conds or effects or no plan fits the budget by XLA's analysis.
     `value`: whether the caller asked for the loss's value (`jdtr.value_and_grad`);
-    `aux`: the traced aux value's structure (`aux.Aux`), or None."""
+    `aux`: the traced aux value's structure (`aux.Aux`), or None;
+    `within_s`: seconds after which the search starts nothing more (None: no limit)."""
     if not may_be_whole(program, aux):
         return None
     start = time.perf_counter()
     args, kwargs = arguments.unflatten(inputs)
     chosen = COMPILED_PATH_HEURISTIC if heuristic == AUTO else heuristic
-    plan = quick_plan(fun, args, kwargs, budget_bytes, argnums, has_aux, chosen)
+    deadline = None if within_s is None else start + within_s
+    plan = quick_plan(fun, args, kwargs, budget_bytes, argnums, has_aux, chosen, deadline=deadline)
     if plan is None:
         return None
 
