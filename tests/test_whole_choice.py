@@ -156,16 +156,17 @@ def test_steps_that_depend_on_how_a_run_is_cut_are_not_tried(monkeypatch, tmp_pa
     assert made == []
 
 
-def test_the_search_for_the_program_starts_no_attempt_past_its_deadline(monkeypatch):
+def test_the_search_for_the_program_compiles_nothing_more_past_its_deadline(monkeypatch):
     """The trial's making is bounded by its price: past the deadline the
-    compiled path's search starts no attempt but its first and compiles no
-    last resort (here, at 0.3 of the MLP's peak, where none fits)."""
+    compiled path's search compiles no candidate but its first (here, at 0.3
+    of the MLP's peak, where none fits)."""
     measured = []
     real = plan_search.PlanSearch.measure
 
     def counted(self, plan):
+        out = real(self, plan)
         measured.append(plan)
-        return real(self, plan)
+        return out
 
     monkeypatch.setattr(plan_search.PlanSearch, "measure", counted)
     m = models.mlp_chain(layers=16, width=64, batch=256)
@@ -176,5 +177,4 @@ def test_the_search_for_the_program_starts_no_attempt_past_its_deadline(monkeypa
     unlimited = len(measured)
     measured.clear()
     assert quick_plan(*args, deadline=time.perf_counter()) is None
-    assert 1 <= len(measured) < unlimited, (len(measured), unlimited)
-    assert len(measured) <= 5  # one attempt: the plan, and its tied and gated variants at most
+    assert len(measured) == 1 < unlimited, (len(measured), unlimited)

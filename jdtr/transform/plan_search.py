@@ -89,6 +89,10 @@ def past(deadline: Optional[float]) -> bool:
     return deadline is not None and time.perf_counter() > deadline
 
 
+class _Late(Exception):
+    """A search's deadline passed (`PlanSearch.run`)."""
+
+
 class PlanSearch:
     """The search for a plan of one planning (one scan strategy) that fits
     `target`: DTR's plan at a simulated budget, compiled and measured, then
@@ -101,6 +105,7 @@ class PlanSearch:
         self.tried: set = set()
         self.compiled: list[Plan] = []  # every plan measured
         self.best: Optional[Plan] = None
+        self.deadline: Optional[float] = None  # (`run`'s)
 
     def record(self, candidate: Plan, nbytes: int) -> Plan:
         measured = dataclasses.replace(
@@ -114,18 +119,29 @@ class PlanSearch:
         return measured
 
     def measure(self, plan: Plan) -> Plan:
+        if self.tried and past(self.deadline):
+            raise _Late
         self.tried.add(layout(plan))
         [(_, step)] = self.planning.compile([plan])
         return self.record(plan, step.nbytes)
 
     def run(self, max_attempts: int, deadline: Optional[float] = None) -> Optional[Plan]:
         """The plan within the budget, or None. `deadline`: a `time.perf_counter()`
-        after which no attempt but the first starts and no last resort is
-        compiled (a caller with a plan of its own to fall back on, `whole_choice.py`)."""
+        after which no plan but the first is compiled; then the plan is one
+        measured that fits, if any (for a caller with a plan of its own to
+        fall back on, `whole_choice.py`)."""
+        self.deadline = deadline
+        try:
+            return self._search(max_attempts)
+        except _Late:
+            self.deadline = None
+            return self._measured_before()
+
+    def _search(self, max_attempts: int) -> Optional[Plan]:
         planning, target = self.planning, self.target
         fallbacks: list[Plan] = []  # the path's plans over the target, gated by conds (`checkpoint.GATES`): the last resort
         attempts = repeats = 0
-        while attempts < max_attempts and not (attempts and past(deadline)):
+        while attempts < max_attempts:
             plan = search_simulated_budget(
                 planning, self.sim_peak, self.effective_target, self.heuristic, measured=self.tried
             )
@@ -186,7 +202,7 @@ class PlanSearch:
             # XLA needed more than the plan's memory model predicted: plan for
             # proportionally less.
             self.effective_target = self.less(self.effective_target, plan.compiled_bytes)
-        return self._measured_before() if past(deadline) else self._last_resorts(fallbacks)
+        return self._last_resorts(fallbacks)
 
     def _last_resorts(self, fallbacks: list[Plan]) -> Optional[Plan]:
         """Where the search's path found no plan that fits: left nestings, a

@@ -500,7 +500,7 @@ def quick_plan(
     None: where none fits, no budget is searched for the error to suggest,
     and none is autotuned. For a caller with a plan of its own to fall back
     on (`jdtr.grad(..., chunks="whole")`). `deadline`: a `time.perf_counter()`
-    after which the search starts nothing but its first attempt (`PlanSearch.run`)."""
+    after which the search compiles no plan but its first (`PlanSearch.run`)."""
     _, arguments = flatten_arguments(argnums, args, kwargs, eager=False)
     base = _planning_for(fun, argnums, has_aux, heuristic, "auto", on_planning_mesh(arguments))
     try:
