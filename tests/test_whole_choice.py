@@ -3,7 +3,6 @@ XLA program, once the chunk runs paid for making it; the faster kept."""
 
 from __future__ import annotations
 
-import gc
 import statistics
 import time
 
@@ -16,6 +15,7 @@ from jdtr import models
 from jdtr.transform import gradients, plan_search, whole_choice
 from jdtr.transform.planning import quick_plan
 from jdtr.transform.whole_choice import CHUNKS, MAKE, TRIAL_RUNS, WHOLE, WholeTrial
+from leaks import assert_intact_and_released, live_ids
 from program_strategies import assert_trees_close
 
 
@@ -61,10 +61,6 @@ def test_a_program_made_by_another_call_is_timed_without_rent():
     assert trial.whole_s == [1.0] and trial.rent_s == 0.0
 
 
-def live_ids():
-    gc.collect()
-    return {id(a) for a in jax.live_arrays()}
-
 
 def count_makes(monkeypatch) -> list:
     made = []
@@ -107,12 +103,7 @@ def test_auto_times_chunks_against_one_program_and_keeps_the_faster(monkeypatch)
     assert len(made) == 1 and made[0] is not None
     assert jdtr.cache_info().whole_steps == 1  # (kept either way: a call with chunks="whole" runs by it)
     # The caller's arrays intact, nothing left behind.
-    for x, c in zip(leaves, copies):
-        assert not x.is_deleted()
-        np.testing.assert_array_equal(np.asarray(x), c)
-    grad_ids = {id(g) for g in jax.tree_util.tree_leaves(grads)}
-    del grads
-    assert live_ids() - before - grad_ids == set()
+    assert_intact_and_released(leaves, copies, grads, before)
 
 
 def test_auto_rents_chunk_runs_up_to_the_price_and_tries_once(monkeypatch):

@@ -4,7 +4,6 @@ analysis of it fits that budget; the planned run in chunks elsewhere."""
 
 from __future__ import annotations
 
-import gc
 
 import jax
 import jax.numpy as jnp
@@ -15,12 +14,9 @@ from flax import nnx
 import jdtr
 import jdtr.nnx
 from jdtr import models
+from leaks import assert_intact_and_released, live_ids
 from program_strategies import assert_trees_close
 
-
-def live_ids():
-    gc.collect()
-    return {id(a) for a in jax.live_arrays()}
 
 
 @pytest.mark.parametrize("ratio", [1.0, 0.5])
@@ -44,12 +40,7 @@ def test_a_step_that_fits_as_one_program_runs_as_one_within_the_budget(ratio):
     plan = jdtr.plan(m.loss, m.params, m.batch, budget=stats.budget_bytes, autotune=False)
     assert 0 <= stats.peak_bytes - plan.compiled_bytes <= 64, (stats.peak_bytes, plan.compiled_bytes)
     # The caller's arrays intact, nothing left behind.
-    for x, c in zip(leaves, copies):
-        assert not x.is_deleted()
-        np.testing.assert_array_equal(np.asarray(x), c)
-    grad_ids = {id(g) for g in jax.tree_util.tree_leaves(grads)}
-    del grads
-    assert live_ids() - before - grad_ids == set()
+    assert_intact_and_released(leaves, copies, grads, before)
     jdtr.clear_caches()
     assert jdtr.cache_info().whole_steps == 0
 

@@ -1,4 +1,5 @@
-"""A planned step run as one XLA program: `jdtr.grad(..., chunks="whole")`.
+"""A planned step run as one XLA program: `jdtr.grad(..., chunks="whole")`,
+and under `"auto"` where it ran faster than the chunks (`whole_choice.py`).
 
 Compiled chunks keep the budget by cutting the run wherever the plan's count
 of a chunk's memory would pass it, and every cut is a dispatch, arrays
