@@ -56,7 +56,7 @@ def searched_plan(monkeypatch: Any, model: Any, budget: Any) -> tuple:
 
     searches = []
     real = PlanSearch.run
-    monkeypatch.setattr(PlanSearch, "run", lambda self, attempts: searches.append(self) or real(self, attempts))
+    monkeypatch.setattr(PlanSearch, "run", lambda self, attempts, deadline=None: searches.append(self) or real(self, attempts, deadline))
     plan = jdtr.plan(lambda p, x: model.loss(p, x), model.params, model.batch, budget=budget, autotune=False)
     [search] = searches
     return plan, search

@@ -258,7 +258,8 @@ class _ValueAndGrad:
         chunked = bool(in_chunks) and plan.compiled is None  # its first run as chunks: settled for them first
         how = (self.fun, self.argnums, self.has_aux, self.value, self.heuristic)
         make = lambda within_s: whole_step(program, *how, traced.arguments, traced.out_tree, traced.aux, inputs, planned_for, within_s)  # noqa: E731
-        may_whole = in_chunks and not (self.timeline or self.log is not None) and eligible(program, run_device(program, inputs), self.holomorphic)
+        device = run_device(program, inputs)
+        may_whole = in_chunks and not (self.timeline or self.log is not None) and eligible(program, device, self.holomorphic)
         if may_whole and (self.chunks == WHOLE or plan.trial):  # as one program (`whole_choice.py`)
             ran = one_program(self.chunks, plan, make, inputs, check, self.return_stats, planning, program.num_equations)
             if ran is not None:
@@ -273,7 +274,7 @@ class _ValueAndGrad:
             planning = plan.planning_time_s - before
         if self.timeline or self.log is not None:
             observe(plan, program, owned, self.dealloc, self.timeline, self.log is not None)
-        execution = Execution(plan.line, inputs, owned, check, serial_dispatch(program), run_device(program, inputs))
+        execution = Execution(plan.line, inputs, owned, check, serial_dispatch(program), device)
         if plan.path is not None:  # a cond on data: by the path its predicates read
             start = time.perf_counter()
             try:

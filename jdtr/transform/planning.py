@@ -396,20 +396,11 @@ def make_plan(
         if unconstrained <= target:
             # `jax.grad` itself fits: nothing to recompute, and no plan is faster.
             return _without_remat(base, target, heuristic, fun)
-        # Kept scans: the strategies in turn, least recompute first, until one fits.
-        searches: list[PlanSearch] = []
-        unreached: list[Planning] = []
-        for planning in base.scan_levels():
-            if out_of_reach(planning, target):
-                unreached.append(planning)  # (its plans would each compile over the target)
-                continue
-            search = PlanSearch(planning, target, heuristic, implementation)
-            searches.append(search)
-            chosen = search.run(max_attempts)
-            if chosen is not None:
-                break
-        else:
+        chosen, searches, unreached = _search_levels(base, target, heuristic, implementation, max_attempts)
+        if chosen is None:
             raise _no_plan_fits(searches, unreached, target, heuristic, implementation, max_attempts)
+        search = searches[-1]
+        planning = search.planning
         slow = search.slow_plan_message(chosen)
         if slow is not None:
             warnings.warn(slow, SlowPlanWarning, stacklevel=3)
@@ -506,16 +497,31 @@ def quick_plan(
     try:
         if base.unconstrained <= budget_bytes:
             return _without_remat(base, budget_bytes, heuristic, fun)
-        for level, planning in enumerate(base.scan_levels()):
-            if level and past(deadline):
-                break
-            if not out_of_reach(planning, budget_bytes):
-                chosen = PlanSearch(planning, budget_bytes, heuristic, "auto").run(attempts, deadline)
-                if chosen is not None:
-                    return chosen
-        return None
+        return _search_levels(base, budget_bytes, heuristic, "auto", attempts, deadline)[0]
     finally:
         base.forget_lowerings()
+
+
+def _search_levels(
+    base: Planning, target: float, heuristic, implementation: str, attempts: int, deadline: Optional[float] = None
+) -> tuple[Optional[Plan], list[PlanSearch], list[Planning]]:
+    """Kept scans: the strategies in turn, least recompute first, until one
+    fits (none starts past `deadline`, but the first). The plan (None where
+    none fits), the searches made (the last found it), and the strategies
+    out of reach of `target` (their plans would each compile over it)."""
+    searches: list[PlanSearch] = []
+    unreached: list[Planning] = []
+    for level, planning in enumerate(base.scan_levels()):
+        if level and past(deadline):
+            break
+        if out_of_reach(planning, target):
+            unreached.append(planning)
+            continue
+        searches.append(PlanSearch(planning, target, heuristic, implementation))
+        chosen = searches[-1].run(attempts, deadline)
+        if chosen is not None:
+            return chosen, searches, unreached
+    return None, searches, unreached
 
 
 def _without_remat(planning: Planning, target: float, heuristic, fun: Callable) -> Plan:
