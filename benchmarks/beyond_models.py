@@ -40,6 +40,10 @@ def _normal(k: int, i: int, shape, scale: float = 1.0, dtype=jnp.float32):
     return jax.random.normal(jax.random.fold_in(KEYS[k], i), shape, dtype) * scale
 
 
+def _nrm(i: int, shape, scale: float = 1.0):
+    return _normal(7, i, shape, scale)
+
+
 def depthwise():
     c = 32
     ps = [(_normal(0, i, (3, 3, 1, c), 1 / 3), _normal(1, i, (1, 1, c, c), c**-0.5)) for i in range(6)]
@@ -291,11 +295,141 @@ def vae():
     return "VAE, an MLP reparameterised from a key argument (128-128-128-32, batch 1,024)", loss, ps, (x, jax.random.PRNGKey(3))
 
 
+# The eighth round's (docs/benchmarks.md): flows, rendering, selective scans, latents, routing, hypernetworks.
+
+def realnvp():
+    d, h, n = 64, 256, 6
+    def mlp_params(i):
+        return dict(w1=_nrm(10*i, (d, h), d**-.5), b1=jnp.zeros(h), w2=_nrm(10*i+1, (h, h), h**-.5), b2=jnp.zeros(h),
+                    ws=_nrm(10*i+2, (h, d), 0.01), wt=_nrm(10*i+3, (h, d), 0.01))
+    ps = [mlp_params(i) for i in range(n)]
+    masks = [jnp.arange(d) % 2 == (i % 2) for i in range(n)]
+    def loss(ps, x):
+        logdet = 0.0
+        for p, m in zip(ps, masks):
+            xm = jnp.where(m, x, 0.0)
+            hh = jax.nn.relu(xm @ p["w1"] + p["b1"]); hh = jax.nn.relu(hh @ p["w2"] + p["b2"])
+            s = jnp.tanh(hh @ p["ws"]); t = hh @ p["wt"]
+            s = jnp.where(m, 0.0, s); t = jnp.where(m, 0.0, t)
+            x = x * jnp.exp(s) + t
+            logdet = logdet + s.sum(-1)
+        return jnp.mean(0.5 * (x**2).sum(-1) - logdet)
+    return "RealNVP (6 affine couplings, 64-d, MLP 256, batch 1024)", loss, ps, _nrm(99, (1024, d))
+
+def nerf():
+    L, h, S, R = 8, 128, 32, 512
+    def enc(x):
+        f = 2.0 ** jnp.arange(6)
+        xf = x[..., None] * f
+        return jnp.concatenate([x, jnp.sin(xf).reshape(*x.shape[:-1], -1), jnp.cos(xf).reshape(*x.shape[:-1], -1)], -1)
+    din = 3 + 3 * 12
+    ps = dict(w=[_nrm(i, (din if i == 0 else (h + din if i == 4 else h), h), (h) ** -.5) for i in range(L)],
+              sig=_nrm(50, (h, 1), 0.1), rgb=_nrm(51, (h, 3), 0.1))
+    def loss(ps, rays):
+        o, dvec, target = rays[:, :3], rays[:, 3:6], rays[:, 6:9]
+        tvals = jnp.linspace(0.1, 4.0, S)
+        pts = o[:, None, :] + dvec[:, None, :] * tvals[None, :, None]
+        e = enc(pts)
+        hh = e
+        for i, w in enumerate(ps["w"]):
+            if i == 4:
+                hh = jnp.concatenate([hh, e], -1)
+            hh = jax.nn.relu(hh @ w)
+        sigma = jax.nn.softplus((hh @ ps["sig"])[..., 0])
+        rgb = jax.nn.sigmoid(hh @ ps["rgb"])
+        delta = jnp.diff(tvals, append=tvals[-1:] + 1e3)
+        alpha = 1 - jnp.exp(-sigma * delta)
+        trans = jnp.cumprod(jnp.concatenate([jnp.ones_like(alpha[:, :1]), 1 - alpha[:, :-1] + 1e-10], -1), -1)
+        wts = alpha * trans
+        color = (wts[..., None] * rgb).sum(1)
+        return jnp.mean((color - target) ** 2)
+    return "NeRF MLP (8 layers of 128, skip, 32 samples, 512 rays, volume rendering)", loss, ps, _nrm(98, (R, 9))
+
+def mamba():
+    D, N, T, B, layers = 64, 16, 128, 16, 2
+    ps = [dict(win=_nrm(10*i, (D, 2*D), D**-.5), wdt=_nrm(10*i+1, (D, D), D**-.5), wb=_nrm(10*i+2, (D, N), D**-.5),
+               wc=_nrm(10*i+3, (D, N), D**-.5), alog=jnp.log(jnp.tile(jnp.arange(1, N+1, dtype=jnp.float32), (D, 1))),
+               wout=_nrm(10*i+4, (D, D), D**-.5)) for i in range(layers)]
+    def ssm(p, x):  # x: (B, T, D)
+        dt = jax.nn.softplus(x @ p["wdt"]); Bt = x @ p["wb"]; Ct = x @ p["wc"]; A = -jnp.exp(p["alog"])
+        def step(hst, inp):
+            xt, dtt, bt, ct = inp
+            hst = jnp.exp(dtt[..., None] * A) * hst + (dtt * xt)[..., None] * bt[:, None, :]
+            return hst, (hst * ct[:, None, :]).sum(-1)
+        xs = tuple(jnp.swapaxes(a, 0, 1) for a in (x, dt, Bt, Ct))
+        _, ys = lax.scan(step, jnp.zeros((x.shape[0], D, N)), xs)
+        return jnp.swapaxes(ys, 0, 1)
+    def loss(ps, x):
+        for p in ps:
+            u, g = jnp.split(x @ p["win"], 2, -1)
+            x = x + (ssm(p, jax.nn.silu(u)) * jax.nn.silu(g)) @ p["wout"]
+        return jnp.mean(x ** 2)
+    return "selective SSM (Mamba-like, 2 layers, D 64, N 16, T 128, batch 16, lax.scan)", loss, ps, _nrm(97, (B, T, D))
+
+def perceiver():
+    M, C, Din, T, B, heads, blocks = 64, 128, 64, 512, 16, 4, 4
+    def attn(q_in, kv_in, p):
+        q = (q_in @ p["q"]).reshape(*q_in.shape[:-1], heads, -1); k = (kv_in @ p["k"]).reshape(*kv_in.shape[:-1], heads, -1)
+        v = (kv_in @ p["v"]).reshape(*kv_in.shape[:-1], heads, -1)
+        a = jax.nn.softmax(jnp.einsum("bqhd,bkhd->bhqk", q, k) / jnp.sqrt(q.shape[-1]), -1)
+        return jnp.einsum("bhqk,bkhd->bqhd", a, v).reshape(*q_in.shape[:-1], -1) @ p["o"]
+    def ap(i, din):
+        return dict(q=_nrm(i, (C, C), C**-.5), k=_nrm(i+1, (din, C), din**-.5), v=_nrm(i+2, (din, C), din**-.5), o=_nrm(i+3, (C, C), C**-.5),
+                    m1=_nrm(i+4, (C, 4*C), C**-.5), m2=_nrm(i+5, (4*C, C), (4*C)**-.5))
+    ps = dict(lat=_nrm(0, (M, C)), cross=ap(10, Din), blocks=[ap(20 + 10*i, C) for i in range(blocks)], head=_nrm(90, (C, 10), C**-.5))
+    def ln(x):
+        m = x.mean(-1, keepdims=True); return (x - m) * lax.rsqrt(((x - m) ** 2).mean(-1, keepdims=True) + 1e-5)
+    def loss(ps, data):
+        x, y = data[..., :Din], data[:, 0, Din].astype(jnp.int32)
+        z = jnp.broadcast_to(ps["lat"], (x.shape[0], M, C))
+        def block(z, kv, p):
+            z = z + attn(ln(z), kv, p)
+            return z + jax.nn.gelu(ln(z) @ p["m1"]) @ p["m2"]
+        z = block(z, x, ps["cross"])
+        for p in ps["blocks"]:
+            h = ln(z); z = block(z, h, p)
+        logits = z.mean(1) @ ps["head"]
+        return -jnp.mean(jnp.take_along_axis(jax.nn.log_softmax(logits), y[:, None], 1))
+    data = jnp.concatenate([_nrm(96, (B, T, Din)), jnp.broadcast_to((jnp.arange(B) % 10)[:, None, None].astype(jnp.float32), (B, T, 1))], -1)
+    return "Perceiver (64 latents of 128, cross-attention to 512 inputs, 4 blocks, batch 16)", loss, ps, data
+
+def capsules():
+    B, Nin, Din, Nout, Dout = 32, 288, 8, 10, 16
+    ps = dict(w=_nrm(0, (Nin, Nout, Dout, Din), 0.1), enc=_nrm(1, (64, Nin * Din), 0.1))
+    def squash(s):
+        n2 = (s ** 2).sum(-1, keepdims=True); return n2 / (1 + n2) * s / jnp.sqrt(n2 + 1e-8)
+    def loss(ps, x):
+        u = squash(jnp.tanh(x @ ps["enc"]).reshape(B, Nin, Din))
+        uhat = jnp.einsum("ijdk,bik->bijd", ps["w"], u)
+        def route(_, b):
+            c = jax.nn.softmax(b, axis=2)
+            v = squash(jnp.einsum("bij,bijd->bjd", c, uhat))
+            return b + jnp.einsum("bijd,bjd->bij", uhat, v)
+        b = lax.fori_loop(0, 3, route, jnp.zeros((B, Nin, Nout)))
+        v = squash(jnp.einsum("bij,bijd->bjd", jax.nn.softmax(b, 2), uhat))
+        return jnp.mean(jnp.sqrt((v ** 2).sum(-1) + 1e-8))
+    return "capsule network (288 primary capsules, 3 routing iterations in fori_loop, batch 32)", loss, ps, _nrm(95, (B, 64))
+
+def hypernet():
+    B, z, h, d = 256, 32, 64, 32
+    ps = dict(h1=_nrm(0, (z, 256), z**-.5), h2=_nrm(1, (256, d * h + h * d), 0.01), enc=_nrm(2, (d, z), d**-.5))
+    def loss(ps, x):
+        e = jnp.tanh(x @ ps["enc"])
+        w = jnp.tanh(e @ ps["h1"]) @ ps["h2"]
+        w1 = w[:, : d * h].reshape(B, d, h); w2 = w[:, d * h:].reshape(B, h, d)
+        y = x
+        for _ in range(4):
+            y = y + jnp.einsum("bh,bhd->bd", jnp.tanh(jnp.einsum("bd,bdh->bh", y, w1)), w2)
+        return jnp.mean((y - x[:, ::-1]) ** 2)
+    return "hypernetwork (per-example weights of a 4-step residual MLP, batch 256)", loss, ps, _nrm(94, (B, d))
+
+
 MODELS = {
     "depthwise": depthwise, "attention": attention, "map": mapped, "user_remat": user_remat,
     "recurrence8": recurrence(8), "recurrence32": recurrence(32),
     "fno": fno, "gp": gp, "bf16": bf16, "vit": vit, "pooling": pooling, "decoder": decoder, "fori": fori,
     "mixer": mixer, "wavenet": wavenet, "convnext": convnext, "triplet": triplet, "gru": gru, "vae": vae,
+    "realnvp": realnvp, "nerf": nerf, "mamba": mamba, "perceiver": perceiver, "capsules": capsules, "hypernet": hypernet,
 }
 
 

@@ -4,6 +4,7 @@ XLA program, once the chunk runs paid for making it; the faster kept."""
 from __future__ import annotations
 
 import statistics
+import threading
 import time
 
 import jax
@@ -169,3 +170,44 @@ def test_the_search_for_the_program_compiles_nothing_more_past_its_deadline(monk
     measured.clear()
     assert quick_plan(*args, deadline=time.perf_counter()) is None
     assert len(measured) == 1 < unlimited, (len(measured), unlimited)
+
+
+
+def test_one_thread_makes_the_program_while_the_others_run_the_chunks():
+    trial = WholeTrial(price_s=0.0)
+    assert trial.next_run(None) == MAKE and trial.making
+    assert trial.next_run(None) == CHUNKS  # (another thread, while the program is being made)
+    trial.ran(CHUNKS, 5.0)
+    assert trial.rent_s == 0.0 and trial.chunks_s == [] and trial.timing
+    trial.making = False  # (`one_program`, once made)
+    assert trial.next_run(object()) == WHOLE
+
+
+def test_threads_calling_a_plan_in_its_trial_make_one_program(monkeypatch):
+    monkeypatch.setattr(whole_choice, "WHOLE_PRICE", 0.0)
+    made = count_makes(monkeypatch)
+    m = models.mlp_chain(layers=8, width=64, batch=256)
+    expected = jax.grad(m.loss)(m.params, m.batch)
+    step = jdtr.grad(m.loss, budget=0.7, return_stats=True)
+    for _ in range(2):  # steps, then chunks: the trial is open, the program due
+        step(m.params, m.batch)
+    results, errors = [], []
+
+    def worker():
+        try:
+            for _ in range(6):
+                results.append(step(m.params, m.batch))
+        except Exception as err:  # (asserted on in the test's thread)
+            errors.append(err)
+
+    pool = [threading.Thread(target=worker) for _ in range(4)]
+    for t in pool:
+        t.start()
+    for t in pool:
+        t.join()
+    assert not errors, errors
+    for grads, stats in results:
+        assert_trees_close(grads, expected)
+        assert stats.peak_bytes <= stats.budget_bytes, stats
+    assert len(made) == 1 and made[0] is not None, made
+    assert "whole" in {stats.execution for _, stats in results}

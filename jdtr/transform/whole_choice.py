@@ -33,6 +33,10 @@ making's, and its first allocations), and the plan keeps the one of the
 lower median. Runs after that are not waited on. (The program, made, stays
 with the plan either way: a call with `chunks="whole"` runs by it.)
 
+Calls from several threads share a plan's trial: one makes the program
+(`WholeTrial.making`), the others run the chunks meanwhile, their
+seconds not counted.
+
 Only on one process: several processes must dispatch the same programs in
 the same order, which times measured in each would not ensure. And only
 where `chunks="whole"` may run a step as one program (`whole_step.eligible`,
@@ -43,6 +47,7 @@ from __future__ import annotations
 
 import math
 import statistics
+import threading
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional, Sequence
 
@@ -70,6 +75,8 @@ class WholeTrial:
       made: whether the program was made (and fits).
       whole_s, chunks_s: the trial's runs of each, in seconds.
       chosen: CHUNKS or WHOLE once decided, else None.
+      making: whether a call is making the program now (threads: one makes,
+        the others run the chunks meanwhile).
     """
 
     price_s: float
@@ -78,19 +85,26 @@ class WholeTrial:
     whole_s: list[float] = field(default_factory=list)
     chunks_s: list[float] = field(default_factory=list)
     chosen: Optional[str] = None
+    making: bool = False
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
 
     def next_run(self, whole: Any) -> str:
         """How the plan's next run goes: CHUNKS, MAKE (make the program,
         then run it) or WHOLE. `whole`: the plan's program (`PlannedRun.whole`:
-        None before it is made, False where none fits)."""
-        if self.chosen is None and whole is False:
-            self.chosen = CHUNKS
-        if self.chosen is not None:
-            return self.chosen
-        if whole is None:
-            return MAKE if self.rent_s >= self.price_s else CHUNKS
-        self.made = True  # (by this trial, or by a call with chunks="whole" on the same plan)
-        return WHOLE if len(self.whole_s) <= len(self.chunks_s) else CHUNKS
+        None before it is made, False where none fits). MAKE is said once,
+        to the call that makes it."""
+        with self._lock:
+            if self.chosen is None and whole is False:
+                self.chosen = CHUNKS
+            if self.chosen is not None:
+                return self.chosen
+            if whole is None:
+                if self.making or self.rent_s < self.price_s:
+                    return CHUNKS
+                self.making = True
+                return MAKE
+            self.made = True  # (by this trial, or by a call with chunks="whole" on the same plan)
+            return WHOLE if len(self.whole_s) <= len(self.chunks_s) else CHUNKS
 
     @property
     def timing(self) -> bool:
@@ -99,17 +113,19 @@ class WholeTrial:
 
     def ran(self, how: str, seconds: float) -> None:
         """A run went `how` (CHUNKS, MAKE or WHOLE) in `seconds`."""
-        if self.chosen is not None:
-            return
-        if how == MAKE:  # (its seconds are the making's, and a first run's)
-            self.made = True
-        elif not self.made:
-            self.rent_s += seconds
-        else:
-            (self.whole_s if how == WHOLE else self.chunks_s).append(seconds)
-            if len(self.whole_s) >= TRIAL_RUNS and len(self.chunks_s) >= TRIAL_RUNS:
-                faster = statistics.median(self.whole_s) <= statistics.median(self.chunks_s)
-                self.chosen = WHOLE if faster else CHUNKS
+        with self._lock:
+            if self.chosen is not None:
+                return
+            if how == MAKE:  # (its seconds are the making's, and a first run's)
+                self.made = True
+            elif not self.made:
+                if not self.making:  # (chunk runs while another thread makes the program pay nothing)
+                    self.rent_s += seconds
+            else:
+                (self.whole_s if how == WHOLE else self.chunks_s).append(seconds)
+                if len(self.whole_s) >= TRIAL_RUNS and len(self.chunks_s) >= TRIAL_RUNS:
+                    faster = statistics.median(self.whole_s) <= statistics.median(self.chunks_s)
+                    self.chosen = WHOLE if faster else CHUNKS
 
 
 def open_trial(plan: Any, may: bool) -> None:
@@ -141,7 +157,10 @@ def one_program(
     if how == CHUNKS:
         return None
     within_s = SEARCH_LIMIT * trial.price_s
-    ran = run_whole(plan, lambda: make(within_s), inputs, check, wait or trial.timing, planning_time_s, equations)
+    try:
+        ran = run_whole(plan, lambda: make(within_s), inputs, check, wait or trial.timing, planning_time_s, equations)
+    finally:
+        trial.making = False  # (made, or none fits: `plan.whole` says which; or it raised: the next may try)
     if ran is None:  # none fits: chunks from now on
         trial.next_run(plan.whole)
         return None
