@@ -12,8 +12,10 @@ from typing import Any, Callable, Optional, Sequence
 import jax
 
 from ..runtime import format_bytes
+from ._jax_core import jaxpr_function
 from .autotune import Timing
 from .checkpoint import run_segments
+from .outer_derivatives import exact_under_outer
 from .program import Equation, Program, Value, signature
 from .scans import KeptScan, ScanStrategy, body_decisions
 from .save_policy import NAME_PREFIX, SavePolicy
@@ -196,13 +198,26 @@ class Plan:
         positions = set(self._config.arguments.traced_argnums)
         return functools.partial(self._forward, [i in positions for i in range(len(self.program.inputs))])
 
-    def value_and_grad(self, *args, **kwargs):
+    def _traced_forward(self, *args, **kwargs):
+        """The user's function as traced for planning, without the plan."""
         config = self._config
-        return jax.value_and_grad(self._differentiated_forward(), config.argnums, config.has_aux)(*args, **kwargs)
+        return config.unflatten_outputs(jaxpr_function(config.traced)(*config.traced_leaves(args, kwargs)))
+
+    def _step(self, differentiate: Callable) -> Callable:
+        """The planned step (`differentiate`: `jax.grad` or `jax.value_and_grad`),
+        its derivatives exact under an outer transformation (`outer_derivatives.py`)."""
+        config = self._config
+        planned = differentiate(self._differentiated_forward(), config.argnums, config.has_aux)
+        if (self.function is not None and not self.segments) or config.traced is None:
+            return planned  # (`jax.grad` of the user's own function: exact as it is)
+        reference = differentiate(self._traced_forward, config.argnums, config.has_aux)
+        return exact_under_outer(planned, reference, config.arguments, config.has_aux)
+
+    def value_and_grad(self, *args, **kwargs):
+        return self._step(jax.value_and_grad)(*args, **kwargs)
 
     def grad(self, *args, **kwargs):
-        config = self._config
-        return jax.grad(self._differentiated_forward(), config.argnums, config.has_aux)(*args, **kwargs)
+        return self._step(jax.grad)(*args, **kwargs)
 
     # --------------------------------------------------------------- reading
 

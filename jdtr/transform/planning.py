@@ -82,6 +82,7 @@ class Config:
     arguments: Arguments
     out_tree: Any
     implementation: str
+    traced: Any = None  # the function's forward jaxpr (`Plan.grad`'s derivatives under an outer transformation)
 
     def traced_leaves(self, args, kwargs) -> list:
         return self.arguments.traced_leaves(args, kwargs)
@@ -312,7 +313,7 @@ def _planning_for(fun, argnums, has_aux, heuristic, implementation, arguments: A
         entries.move_to_end(key)
         return found
     traced, forward, out_tree = _forward_program(fun, arguments)
-    config = Config(argnums, has_aux, arguments, out_tree, implementation)
+    config = Config(argnums, has_aux, arguments, out_tree, implementation, traced)
     vg = _value_and_grad_program(config, forward)
     plain = arguments.bind(jax.grad(fun, argnums, has_aux))
     specs = arguments.traced_specs
