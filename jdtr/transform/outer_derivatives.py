@@ -19,7 +19,10 @@ the step differentiates (their derivatives run through the segments, as
 otherwise the JVP of `jax.grad` of the traced function, without the plan.
 With `has_aux`, always the latter: an aux value the loss does not read
 leaves the segments through `stop_gradient` too. Without an outer level the
-step is the plan's, unchanged.
+step is the plan's, unchanged. (A third level, differentiating a
+second-order step taken through the segments with respect to a leaf
+neither of the first two differentiates, meets their `stop_gradient`s
+again: not handled.)
 """
 
 from __future__ import annotations
