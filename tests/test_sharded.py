@@ -431,3 +431,55 @@ def test_a_keys_bytes_per_device_are_its_physical_words():
         keys = jax.random.split(jax.random.key(0, impl=impl), 4)
         assert device_bytes(keys) == keys.nbytes
         assert device_bytes(jax.ShapeDtypeStruct(keys.shape, keys.dtype)) == keys.nbytes
+
+
+IN_SHARD_MAP_SCRIPT = textwrap.dedent(
+    """
+    import jax, jax.numpy as jnp, numpy as np
+    from jax.sharding import NamedSharding, PartitionSpec as P
+    import jdtr
+    assert len(jax.devices()) == 8
+    mesh = jax.make_mesh((8,), ("data",))
+    key = jax.random.PRNGKey(0)
+    ws = [jax.device_put(jax.random.normal(jax.random.fold_in(key, i), (64, 64)) / 8, NamedSharding(mesh, P())) for i in range(16)]
+    x = jax.device_put(jax.random.normal(key, (8 * 4096, 64)), NamedSharding(mesh, P("data")))
+
+    def loss(ws, x):  # one device's batch; the weights replicated: JAX casts them to vary where they meet it
+        for w in ws:
+            x = jnp.tanh(x @ w)
+        return jnp.mean(x ** 2)
+
+    def step(grad):
+        per_device = lambda ws, x: jax.tree.map(lambda g: jax.lax.pmean(g, "data"), grad(ws, x))
+        return jax.jit(jax.shard_map(per_device, mesh=mesh, in_specs=(P(), P("data")), out_specs=P()))
+
+    def nbytes(f):
+        m = f.lower(ws, x).compile().memory_analysis()
+        return m.argument_size_in_bytes + m.output_size_in_bytes + m.temp_size_in_bytes - m.alias_size_in_bytes
+
+    reference = step(jax.grad(loss))
+    expected = reference(ws, x)
+    for budget in (0.5, 0.3):
+        planned = step(jdtr.remat_grad(loss, budget=budget, autotune=False))
+        for g, e in zip(planned(ws, x), expected):
+            np.testing.assert_allclose(np.asarray(g), np.asarray(e), rtol=1e-5, atol=1e-7)
+        ratio = nbytes(planned) / nbytes(reference)
+        assert ratio <= budget + 0.02, (budget, ratio)  # (the pmean's buffers beside the planned step)
+        print("in shard_map", budget, round(ratio, 3))
+    """
+)
+
+
+def test_remat_grad_inside_a_shard_map_body_with_its_types_checked():
+    """`remat_grad` as a `shard_map` body's per-device step (data parallel,
+    the weights replicated). JAX's own operations cast the invariant weights
+    to vary where they meet the batch; a plan's program, traced outside the
+    body, binds primitives without those casts, and JAX refused them
+    ("requires varying manual axes to match"): they are made where a bind
+    asks for them (`executable.vary_alike`)."""
+    if not hasattr(jax, "shard_map"):
+        pytest.skip("jax.shard_map with checked types: JAX 0.7 and later")
+    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=8", JAX_PLATFORMS="cpu")
+    result = subprocess.run([sys.executable, "-c", IN_SHARD_MAP_SCRIPT], env=env, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-4000:]
+    assert "in shard_map 0.3" in result.stdout, result.stdout

@@ -531,6 +531,11 @@ def varying_axes(aval: Any) -> Optional[frozenset]:
     return None if found is None else frozenset(found)
 
 
+def pvary(x: Any, axes: tuple) -> Any:
+    """`x` cast to vary along the manual mesh `axes` (JAX 0.6-0.9 `pvary`, later `pcast`)."""
+    return jax.lax.pvary(x, axes) if hasattr(jax.lax, "pvary") else jax.lax.pcast(x, axes, to="varying")
+
+
 def shard_map(fn, mesh: Any, in_specs: Any, out_specs: Any):
     """`jax.shard_map(fn)` over all of `mesh`'s axes, its types checked."""
     return jax.shard_map(fn, mesh=mesh, in_specs=in_specs, out_specs=out_specs, check_vma=True)

@@ -172,10 +172,30 @@ def binder(eqn: "_jax_core.JaxprEqn", inputs: Sequence[Any]) -> Callable[[Sequen
         if as_array:
             full = [_as_array(x) for x in full]
         with ctx.manager:
-            out = rewritten(*full) if rewritten is not None else primitive.bind(*subfuns, *full, **params)
+            try:
+                out = rewritten(*full) if rewritten is not None else primitive.bind(*subfuns, *full, **params)
+            except ValueError:  # (in a `shard_map` body, re-traced: the casts JAX's own operations make)
+                matched = vary_alike(full)
+                if matched is None:
+                    raise
+                out = rewritten(*matched) if rewritten is not None else primitive.bind(*subfuns, *matched, **params)
         return list(out) if multiple else out
 
     return bind
+
+
+def vary_alike(args: Sequence[Any]) -> Optional[list]:
+    """`args` cast to vary along every manual mesh axis one of them varies
+    along, or None where they agree. In a `shard_map` body (types checked,
+    JAX's default) JAX's operations cast an invariant operand so (`x @ w`,
+    `w` replicated: the cast's transpose sums `w`'s cotangent over the
+    axis); a plan's program, traced outside the body, binds its primitives
+    without those casts, which JAX then refuses."""
+    axes = [_jax_core.varying_axes(_jax_core.aval_of(a)) or frozenset() for a in args]
+    union = frozenset().union(*axes)
+    if all(a == union for a in axes):
+        return None
+    return [x if a == union else _jax_core.pvary(x, tuple(sorted(union - a, key=str))) for x, a in zip(args, axes)]
 
 
 def _host_array(value: Any) -> bool:
