@@ -160,7 +160,8 @@ def one_program(
     try:
         ran = run_whole(plan, lambda: make(within_s), inputs, check, wait or trial.timing, planning_time_s, equations)
     finally:
-        trial.making = False  # (made, or none fits: `plan.whole` says which; or it raised: the next may try)
+        if how == MAKE:  # (made, or none fits: `plan.whole` says which; or it raised: the next may try)
+            trial.making = False
     if ran is None:  # none fits: chunks from now on
         trial.next_run(plan.whole)
         return None
