@@ -466,6 +466,24 @@ IN_SHARD_MAP_SCRIPT = textwrap.dedent(
         ratio = nbytes(planned) / nbytes(reference)
         assert ratio <= budget + 0.02, (budget, ratio)  # (the pmean's buffers beside the planned step)
         print("in shard_map", budget, round(ratio, 3))
+
+    # A scan the plan keeps: its body, traced outside, bound in the body too.
+    cells = {"w": ws[0], "u": ws[1]}
+    xs = jax.device_put(jax.random.normal(key, (8 * 256, 128, 64)), NamedSharding(mesh, P("data")))
+
+    def rnn(cells, xs):
+        def cell(h, x):
+            h = jnp.tanh(h @ cells["w"] + x @ cells["u"])
+            return h, h
+        _, hs = jax.lax.scan(cell, jnp.zeros_like(xs[:, 0]), jnp.swapaxes(xs, 0, 1))
+        return jnp.mean(hs ** 2)
+
+    expected = step(jax.grad(rnn))(cells, xs)
+    planned = jdtr.remat_grad(rnn, budget=0.8, autotune=False)
+    got = step(planned)(cells, xs)
+    for g, e in zip(jax.tree.leaves(got), jax.tree.leaves(expected)):
+        np.testing.assert_allclose(np.asarray(g), np.asarray(e), rtol=1e-5, atol=1e-7)
+    print("scan kept in shard_map", len(planned.plans[next(iter(planned.plans))].scans))
     """
 )
 
@@ -482,4 +500,4 @@ def test_remat_grad_inside_a_shard_map_body_with_its_types_checked():
     env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=8", JAX_PLATFORMS="cpu")
     result = subprocess.run([sys.executable, "-c", IN_SHARD_MAP_SCRIPT], env=env, capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-4000:]
-    assert "in shard_map 0.3" in result.stdout, result.stdout
+    assert "in shard_map 0.3" in result.stdout and "scan kept in shard_map 1" in result.stdout, result.stdout

@@ -198,6 +198,34 @@ def vary_alike(args: Sequence[Any]) -> Optional[list]:
     return [x if a == union else _jax_core.pvary(x, tuple(sorted(union - a, key=str))) for x, a in zip(args, axes)]
 
 
+def varying_function(closed: "_jax_core.ClosedJaxpr") -> Callable[..., list]:
+    """`closed` as a function, as `jaxpr_function` makes it, each primitive
+    bound with the casts `vary_alike` makes where JAX refuses it without
+    them: a kept scan's body, traced outside a `shard_map` body and run
+    inside one (`scans.run_scan`)."""
+    jaxpr = closed.jaxpr
+
+    def run(*args) -> list:
+        env = dict(zip(jaxpr.constvars, closed.consts))
+        env.update(zip(jaxpr.invars, args))
+        read = lambda v: v.val if _jax_core.is_literal(v) else env[v]  # noqa: E731
+        for eqn in jaxpr.eqns:
+            subfuns, params = _jax_core.bind_params(eqn)
+            operands = [read(v) for v in eqn.invars]
+            with eqn.ctx.manager:
+                try:
+                    out = eqn.primitive.bind(*subfuns, *operands, **params)
+                except ValueError:
+                    matched = vary_alike(operands)
+                    if matched is None:
+                        raise
+                    out = eqn.primitive.bind(*subfuns, *matched, **params)
+            env.update(zip(eqn.outvars, out if eqn.primitive.multiple_results else [out]))
+        return [read(v) for v in jaxpr.outvars]
+
+    return run
+
+
 def _host_array(value: Any) -> bool:
     """Whether `value` is an array on the host that is not a scalar: a NumPy
     array, or JAX's literal of one (a class of its own before JAX 0.8)."""

@@ -53,6 +53,7 @@ from ..runtime import format_bytes
 from . import _jax_core
 from ._jax_core import ScanLayout
 from .body_pieces import CutBody, cut_body
+from .executable import vary_alike, varying_function
 from .normalize import MIN_KEPT_LENGTH
 from .program import Const, Equation, Program, signature
 from .save_policy import DOTS, EVERYTHING
@@ -139,11 +140,16 @@ class KeptScan:
 # ------------------------------------------------------------------ running
 
 
-def run_scan(layout: ScanLayout, strategy: ScanStrategy, *args):
-    """The scan of `layout` (a jaxpr `scan` equation's) on `args`, under `strategy`."""
+def run_scan(layout: ScanLayout, strategy: ScanStrategy, *args, varying: bool = False):
+    """The scan of `layout` (a jaxpr `scan` equation's) on `args`, under
+    `strategy`; with `varying`, its body's primitives bound with the casts
+    a `shard_map` body asks for (`executable.varying_function`)."""
     num_consts, num_carry, length, reverse = layout.num_consts, layout.num_carry, layout.length, layout.reverse
     consts, carry, xs = args[:num_consts], args[num_consts : num_consts + num_carry], args[num_consts + num_carry :]
     fun = _jax_core.jaxpr_function(layout.body)
+    if varying:  # the carries vary along every axis an operand does, as the body's outputs will
+        fun = varying_function(layout.body)
+        carry = (vary_alike([*carry, *consts, *xs]) or carry)[:num_carry]
     # "pieces": each piece rematerialized, the iteration not (`body_pieces`:
     # CSE); where the body has no cut worth making, it runs as "carry" would.
     pieces = body_cut(layout, strategy)
@@ -303,13 +309,18 @@ def _under(equation: Equation, strategy: ScanStrategy) -> Equation:
 
 
 def _traced(layout: ScanLayout, strategy: ScanStrategy, inputs: Optional[Sequence[Any]] = None):
-    """`run_scan` on the equation's values, its literal operands put back in place."""
-    if inputs is None or not any(isinstance(a, Const) for a in inputs):
-        return lambda *args: run_scan(layout, strategy, *args)
+    """`run_scan` on the equation's values, its literal operands put back in
+    place; run again with `varying` where JAX refuses its body's binds (in
+    a `shard_map` body: an invariant weight meeting a varying carry)."""
 
     def run(*args):
-        it = iter(args)
-        return run_scan(layout, strategy, *(jax.numpy.asarray(a.value) if isinstance(a, Const) else next(it) for a in inputs))
+        if inputs is not None and any(isinstance(a, Const) for a in inputs):
+            it = iter(args)
+            args = tuple(jax.numpy.asarray(a.value) if isinstance(a, Const) else next(it) for a in inputs)
+        try:
+            return run_scan(layout, strategy, *args)
+        except (ValueError, TypeError):
+            return run_scan(layout, strategy, *args, varying=True)
 
     return run
 
