@@ -62,7 +62,6 @@ def test_a_program_made_by_another_call_is_timed_without_rent():
     assert trial.whole_s == [1.0] and trial.rent_s == 0.0
 
 
-
 def count_makes(monkeypatch) -> list:
     made = []
     real = gradients.whole_step
@@ -170,7 +169,6 @@ def test_the_search_for_the_program_compiles_nothing_more_past_its_deadline(monk
     measured.clear()
     assert quick_plan(*args, deadline=time.perf_counter()) is None
     assert len(measured) == 1 < unlimited, (len(measured), unlimited)
-
 
 
 def test_one_thread_makes_the_program_while_the_others_run_the_chunks():

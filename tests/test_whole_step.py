@@ -4,7 +4,6 @@ analysis of it fits that budget; the planned run in chunks elsewhere."""
 
 from __future__ import annotations
 
-
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -16,7 +15,6 @@ import jdtr.nnx
 from jdtr import models
 from leaks import assert_intact_and_released, live_ids
 from program_strategies import assert_trees_close
-
 
 
 @pytest.mark.parametrize("ratio", [1.0, 0.5])

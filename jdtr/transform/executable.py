@@ -17,6 +17,7 @@ count kept (docs/benchmarks.md).
 
 from __future__ import annotations
 
+import functools
 import os
 import threading
 from collections import OrderedDict
@@ -166,19 +167,15 @@ def binder(eqn: "_jax_core.JaxprEqn", inputs: Sequence[Any]) -> Callable[[Sequen
             primitive, params, [tuple(v.aval.shape) for v in eqn.invars], slots
         )
 
+    apply = rewritten if rewritten is not None else lambda *xs: primitive.bind(*subfuns, *xs, **params)
+
     def bind(args: Sequence[Any]) -> Any:
         it = iter(args)
         full = [slot if const else next(it) for slot, const in zip(slots, is_const)]
         if as_array:
             full = [_as_array(x) for x in full]
-        with ctx.manager:
-            try:
-                out = rewritten(*full) if rewritten is not None else primitive.bind(*subfuns, *full, **params)
-            except ValueError:  # (in a `shard_map` body, re-traced: the casts JAX's own operations make)
-                matched = vary_alike(full)
-                if matched is None:
-                    raise
-                out = rewritten(*matched) if rewritten is not None else primitive.bind(*subfuns, *matched, **params)
+        with ctx.manager:  # (in a `shard_map` body, re-traced: with the casts JAX's own operations make)
+            out = bound_alike(apply, full)
         return list(out) if multiple else out
 
     return bind
@@ -198,6 +195,18 @@ def vary_alike(args: Sequence[Any]) -> Optional[list]:
     return [x if a == union else _jax_core.pvary(x, tuple(sorted(union - a, key=str))) for x, a in zip(args, axes)]
 
 
+def bound_alike(bind: Callable[..., Any], operands: Sequence[Any]) -> Any:
+    """`bind(*operands)`, or, where JAX refuses it, `bind` of the operands
+    cast by `vary_alike` (JAX's error stands where they agree already)."""
+    try:
+        return bind(*operands)
+    except ValueError:
+        matched = vary_alike(operands)
+        if matched is None:
+            raise
+        return bind(*matched)
+
+
 def varying_function(closed: "_jax_core.ClosedJaxpr") -> Callable[..., list]:
     """`closed` as a function, as `jaxpr_function` makes it, each primitive
     bound with the casts `vary_alike` makes where JAX refuses it without
@@ -213,13 +222,7 @@ def varying_function(closed: "_jax_core.ClosedJaxpr") -> Callable[..., list]:
             subfuns, params = _jax_core.bind_params(eqn)
             operands = [read(v) for v in eqn.invars]
             with eqn.ctx.manager:
-                try:
-                    out = eqn.primitive.bind(*subfuns, *operands, **params)
-                except ValueError:
-                    matched = vary_alike(operands)
-                    if matched is None:
-                        raise
-                    out = eqn.primitive.bind(*subfuns, *matched, **params)
+                out = bound_alike(functools.partial(eqn.primitive.bind, *subfuns, **params), operands)
             env.update(zip(eqn.outvars, out if eqn.primitive.multiple_results else [out]))
         return [read(v) for v in jaxpr.outvars]
 

@@ -146,9 +146,8 @@ def run_scan(layout: ScanLayout, strategy: ScanStrategy, *args, varying: bool = 
     a `shard_map` body asks for (`executable.varying_function`)."""
     num_consts, num_carry, length, reverse = layout.num_consts, layout.num_carry, layout.length, layout.reverse
     consts, carry, xs = args[:num_consts], args[num_consts : num_consts + num_carry], args[num_consts + num_carry :]
-    fun = _jax_core.jaxpr_function(layout.body)
+    fun = varying_function(layout.body) if varying else _jax_core.jaxpr_function(layout.body)
     if varying:  # the carries vary along every axis an operand does, as the body's outputs will
-        fun = varying_function(layout.body)
         carry = (vary_alike([*carry, *consts, *xs]) or carry)[:num_carry]
     # "pieces": each piece rematerialized, the iteration not (`body_pieces`:
     # CSE); where the body has no cut worth making, it runs as "carry" would.
@@ -313,8 +312,10 @@ def _traced(layout: ScanLayout, strategy: ScanStrategy, inputs: Optional[Sequenc
     place; run again with `varying` where JAX refuses its body's binds (in
     a `shard_map` body: an invariant weight meeting a varying carry)."""
 
+    literals = inputs is not None and any(isinstance(a, Const) for a in inputs)
+
     def run(*args):
-        if inputs is not None and any(isinstance(a, Const) for a in inputs):
+        if literals:
             it = iter(args)
             args = tuple(jax.numpy.asarray(a.value) if isinstance(a, Const) else next(it) for a in inputs)
         try:
