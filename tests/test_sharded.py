@@ -501,3 +501,63 @@ def test_remat_grad_inside_a_shard_map_body_with_its_types_checked():
     result = subprocess.run([sys.executable, "-c", IN_SHARD_MAP_SCRIPT], env=env, capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-4000:]
     assert "in shard_map 0.3" in result.stdout and "scan kept in shard_map 1" in result.stdout, result.stdout
+
+
+ONE_SHARD_MAP_SCRIPT = textwrap.dedent(
+    """
+    import jax, jax.numpy as jnp, numpy as np
+    from jax.sharding import AxisType
+    import jdtr
+    from jdtr import models
+    assert len(jax.devices()) == 8
+
+    def per_device(f, *args):
+        m = jax.jit(f).lower(*args).compile().memory_analysis()
+        return m.argument_size_in_bytes + m.output_size_in_bytes + m.temp_size_in_bytes - m.alias_size_in_bytes
+
+    for axis_type, budgets in ((AxisType.Explicit, (0.5, 0.3)), (AxisType.Auto, (0.5,))):
+        grid = jax.make_mesh((2, 4), ("data", "model"), axis_types=(axis_type,) * 2)
+        manual = models.megatron_shard_map(grid, layers=8, width=128, batch=2048, seed=1)
+        loss, ws, x = manual.loss, manual.params, manual.batch
+        reference = jax.jit(jax.grad(loss))(ws, x)
+        full = per_device(jax.grad(loss), ws, x)
+        for budget in budgets:
+            try:
+                plan = jdtr.plan(loss, ws, x, budget=budget, autotune=False)
+            except jdtr.OutOfBudgetError as err:  # a call at the budget it verified runs (before: 1.0 and more)
+                assert budget < 0.5 and err.suggested_budget_bytes < 0.6 * full, (budget, err.suggested_budget_bytes / full)
+                plan = jdtr.plan(loss, ws, x, budget=err.suggested_budget_bytes, autotune=False)
+            measured = per_device(plan.grad, ws, x)
+            assert measured == plan.compiled_bytes <= plan.budget_bytes, (measured, plan.compiled_bytes, plan.budget_bytes)
+            assert any(s.recomputed for s in plan.segments), plan.segments
+            for g, r in zip(jax.tree.leaves(jax.jit(plan.grad)(ws, x)), jax.tree.leaves(reference)):
+                assert g.sharding.is_equivalent_to(r.sharding, g.ndim), (g.sharding, r.sharding)
+                np.testing.assert_allclose(np.asarray(g), np.asarray(r), rtol=1e-4, atol=1e-6)
+            print("one shard_map", axis_type.name, budget, round(measured / full, 3))
+        if axis_type == AxisType.Explicit:  # under jax.jit, the arguments' types carry their shardings
+            step = jdtr.remat_grad(loss, budget=0.5, autotune=False)
+            for g, r in zip(jax.tree.leaves(jax.jit(step)(ws, x)), jax.tree.leaves(reference)):
+                np.testing.assert_allclose(np.asarray(g), np.asarray(r), rtol=1e-4, atol=1e-6)
+            print("under jit", round(per_device(step, ws, x) / full, 3))
+    """
+)
+
+
+@pytest.mark.long
+def test_remat_grad_plans_inside_a_loss_written_as_one_shard_map():
+    """A loss that is one `shard_map` (Megatron-style layers on a 2x4 mesh,
+    a `psum` over each axis). As one equation, its gradient is two `shard_map`s,
+    the backward body needing every residual of the forward body at once:
+    no plan below about `jax.grad`'s own bytes per device. Its body is
+    inlined for planning (`manual.py`), each equation a `shard_map` of its
+    own, and the plan's segments cut inside it."""
+    if not hasattr(jax, "shard_map"):
+        pytest.skip("jax.shard_map with checked types: JAX 0.7 and later")
+    flags = "--xla_force_host_platform_device_count=8"
+    if jax.__version_info__ >= (0, 10):
+        flags += " --xla_cpu_collective_call_terminate_timeout_seconds=600"
+    env = dict(os.environ, XLA_FLAGS=flags, JAX_PLATFORMS="cpu")
+    result = subprocess.run([sys.executable, "-c", ONE_SHARD_MAP_SCRIPT], env=env, capture_output=True, text=True, timeout=900)
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-4000:]
+    for expected in ("one shard_map Explicit 0.3", "one shard_map Auto 0.5", "under jit"):
+        assert expected in result.stdout, result.stdout

@@ -548,7 +548,7 @@ def constrain(x: Any, sharding: Any) -> Any:
     explicit = getattr(getattr(jax.sharding, "AxisType", None), "Explicit", None)
     reshard = getattr(jax, "reshard", None) or getattr(jax.sharding, "reshard", None)
     if reshard is not None and explicit is not None and explicit in tuple(getattr(sharding.mesh, "axis_types", ()) or ()):
-        return reshard(x, sharding.spec)
+        return reshard(x, sharding)
     return jax.lax.with_sharding_constraint(x, sharding)
 
 

@@ -48,6 +48,7 @@ from .checkpoint_plan import Plan, layout
 from .compiled import CompiledStep, compile_all, compiled_bytes, lower, measure_options
 from .costly import costly_candidate
 from .devices import DeviceScale, device_bytes, device_scale, is_sharded, placed_scale, placements, unsharded
+from . import manual
 from .lowering import simulation
 from .plan_search import PlanSearch, SlowPlanWarning, least_target_in_reach, out_of_reach, past, scan_floor
 from .simulated_plans import search_simulated_budget, uniform_plan
@@ -216,19 +217,36 @@ class Planning:
     def scan_levels(self) -> Iterator["Planning"]:
         """This step under each scan strategy, least recompute first, then
         with its scans unrolled (DTR deciding per iteration, as before scans
-        were kept); itself alone without kept scans."""
+        were kept); itself alone without kept scans. Last, on a mesh, the
+        step with its `shard_map`s' bodies inlined (`inlined`)."""
         if not kept_scans(self.forward):
             yield self
-            return
-        equations = kept_scans(self.forward).values()
-        yield from (self.under(s) for s in STRATEGIES if as_run(s, equations) == s)  # each program once
-        if "unrolled" not in self.strategies:
-            forward = normalize(self.traced, shardings=placements(self.config.arguments.traced_specs), keep_custom=True)
+        else:
+            equations = kept_scans(self.forward).values()
+            yield from (self.under(s) for s in STRATEGIES if as_run(s, equations) == s)  # each program once
+            yield self._unrolled(inline_manual=False)
+        shardings = placements(self.config.arguments.traced_specs)
+        if shardings is not None and self.traced is not None and manual.has_inlinable(self.traced.jaxpr):
+            yield self._unrolled(inline_manual=True)
+
+    def _unrolled(self, inline_manual: bool) -> "Planning":
+        """The step with its scans unrolled, and with `inline_manual` its
+        `shard_map`s' bodies inlined: each equation of a body a `shard_map`
+        of its own over the same mesh (`manual.py`), so that the plan's
+        segments cut inside the body. A `shard_map` is one equation
+        otherwise, and its gradient two, the backward body needing every
+        residual of the forward body at once: a loss written inside one
+        `shard_map` had no plan below about its own step. Tried last: a whole
+        `shard_map` compiles to one program, XLA's to schedule."""
+        key = "inlined" if inline_manual else "unrolled"
+        if key not in self.strategies:
+            shardings = placements(self.config.arguments.traced_specs)
+            forward = normalize(self.traced, shardings=shardings, keep_custom=True, inline_manual=inline_manual)
             vg = _value_and_grad_program(self.config, forward)
-            self.strategies["unrolled"] = Planning(
-                self.config, forward, vg, self.unconstrained, scale=self.scale, unrolled=True
+            self.strategies[key] = Planning(
+                self.config, forward, vg, self.unconstrained, scale=self.scale, unrolled=not inline_manual
             )
-        yield self.strategies["unrolled"]
+        return self.strategies[key]
 
     @functools.cached_property
     def reads(self) -> dict[Value, Value]:
