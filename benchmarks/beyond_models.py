@@ -1,6 +1,6 @@
 """Models of kinds the repository's own do not cover, side by side with
 `jax.jit(jax.grad)` (issues 21 and 22; docs/benchmarks.md, "Models beyond
-the repository", third, fourth and seventh rounds).
+the repository", third, fourth, seventh, eighth and ninth rounds).
 
 Each is a few lines of plain JAX, written as a user would, none of them
 shaped for jdtr. Per model, in one process: `jax.jit(jax.grad)`;
@@ -424,12 +424,111 @@ def hypernet():
     return "hypernetwork (per-example weights of a 4-step residual MLP, batch 256)", loss, ps, _nrm(94, (B, d))
 
 
+def gnn():
+    N, E, d = 2048, 16384, 64
+    snd = jax.random.randint(KEYS[3], (E,), 0, N)
+    rcv = jax.random.randint(KEYS[4], (E,), 0, N)
+    ps = [dict(m=_nrm(i, (2 * d, d), (2 * d) ** -.5), u=_nrm(50 + i, (2 * d, d), (2 * d) ** -.5)) for i in range(4)]
+    def loss(ps, x):
+        h = x
+        for p in ps:
+            msg = jax.nn.relu(jnp.concatenate([h[snd], h[rcv]], -1) @ p["m"])
+            agg = jax.ops.segment_sum(msg, rcv, num_segments=N)
+            h = h + jax.nn.relu(jnp.concatenate([h, agg], -1) @ p["u"])
+        return jnp.mean(h ** 2)
+    return "message-passing GNN (4 layers, 2048 nodes, 16384 edges, segment_sum)", loss, ps, _nrm(90, (N, d))
+
+def moe():
+    B, d, E, k = 1024, 64, 8, 2
+    ps = [dict(r=_nrm(i, (d, E), d ** -.5), w1=_nrm(20 + i, (E, d, 4 * d), d ** -.5), w2=_nrm(40 + i, (E, 4 * d, d), (4 * d) ** -.5)) for i in range(3)]
+    def loss(ps, x):
+        for p in ps:
+            logits = x @ p["r"]
+            vals, idx = lax.top_k(logits, k)
+            gates = jax.nn.softmax(vals, -1)
+            mask = jax.nn.one_hot(idx, E) * gates[..., None]  # B,k,E
+            comb = mask.sum(1)  # B,E
+            hid = jax.nn.gelu(jnp.einsum("bd,edh->beh", x, p["w1"]))
+            out = jnp.einsum("beh,ehd->bed", hid, p["w2"])
+            x = x + jnp.einsum("be,bed->bd", comb, out)
+        return jnp.mean(x ** 2)
+    return "mixture of experts (3 layers, 8 experts, top-2 routing, batch 1024)", loss, ps, _nrm(91, (B, d))
+
+@jax.custom_vjp
+def ste(x, q):
+    return q
+def _ste_f(x, q): return q, None
+def _ste_b(_, g): return g, jnp.zeros_like(g)
+ste.defvjp(_ste_f, _ste_b)
+
+def vqvae():
+    B, d, K = 512, 64, 256
+    ps = dict(e1=_nrm(0, (128, 256), 128 ** -.5), e2=_nrm(1, (256, d), 256 ** -.5), cb=_nrm(2, (K, d)), d1=_nrm(3, (d, 256), d ** -.5), d2=_nrm(4, (256, 128), 256 ** -.5))
+    def loss(ps, x):
+        z = jnp.tanh(x @ ps["e1"]) @ ps["e2"]
+        dist = (z ** 2).sum(-1, keepdims=True) - 2 * z @ ps["cb"].T + (ps["cb"] ** 2).sum(-1)
+        q = ps["cb"][jnp.argmin(dist, -1)]
+        zq = ste(z, q)
+        rec = jnp.tanh(zq @ ps["d1"]) @ ps["d2"]
+        commit = jnp.mean((z - lax.stop_gradient(q)) ** 2) + jnp.mean((lax.stop_gradient(z) - q) ** 2)
+        return jnp.mean((rec - x) ** 2) + 0.25 * commit
+    return "VQ-VAE (straight-through custom_vjp, argmin codebook of 256, batch 512)", loss, ps, _nrm(92, (B, 128))
+
+def negbin():
+    B, d = 4096, 128
+    ps = [_nrm(i, (d, d), d ** -.5) for i in range(6)] + [_nrm(10, (d, 2), d ** -.5)]
+    y = jnp.floor(jnp.abs(_nrm(93, (B,))) * 5)
+    def loss(ps, x):
+        h = x
+        for w in ps[:-1]:
+            h = jax.nn.softplus(h @ w)
+        o = h @ ps[-1]
+        mu, r = jax.nn.softplus(o[:, 0]) + 1e-3, jax.nn.softplus(o[:, 1]) + 1e-3
+        ll = (jax.scipy.special.gammaln(y + r) - jax.scipy.special.gammaln(r) - jax.scipy.special.gammaln(y + 1)
+              + r * jnp.log(r / (r + mu)) + y * jnp.log(mu / (r + mu)))
+        return -jnp.mean(ll)
+    return "negative-binomial regression MLP (gammaln likelihood, 6 softplus layers, batch 4096)", loss, ps, _nrm(94, (B, d))
+
+def linen_scan():
+    import flax.linen as nn
+    class Block(nn.Module):
+        @nn.compact
+        def __call__(self, x, _):
+            h = nn.LayerNorm()(x)
+            h = nn.SelfAttention(num_heads=4, qkv_features=64, deterministic=True)(h)
+            x = x + h
+            h = nn.Dense(256)(nn.LayerNorm()(x)); x = x + nn.Dense(64)(nn.gelu(h))
+            return x, None
+    class Net(nn.Module):
+        @nn.compact
+        def __call__(self, x):
+            Stack = nn.scan(nn.remat(Block), variable_axes={"params": 0}, split_rngs={"params": True}, length=6)
+            x, _ = Stack()(x, None)
+            return x
+    net = Net(); x = _nrm(95, (16, 64, 64))
+    ps = net.init(jax.random.PRNGKey(0), x)
+    loss = lambda ps, x: jnp.mean(net.apply(ps, x) ** 2)
+    return "linen transformer (6 blocks in nn.scan of nn.remat, 64 tokens, batch 16)", loss, ps, x
+
+def stochdepth():
+    B, d = 2048, 128
+    ps = [(_nrm(i, (d, d), d ** -.5), _nrm(30 + i, (d, d), d ** -.5)) for i in range(8)]
+    def loss(ps, x):
+        key = jax.random.PRNGKey(3)
+        for i, (a, b) in enumerate(ps):
+            keep = jax.random.bernoulli(jax.random.fold_in(key, i), 0.8)
+            x = lax.cond(keep, lambda x: x + jnp.tanh(x @ a) @ b, lambda x: x, x)
+        return jnp.mean(x ** 2)
+    return "stochastic depth MLP (8 blocks, each in a lax.cond on a random draw, batch 2048)", loss, ps, _nrm(96, (B, d))
+
+
 MODELS = {
     "depthwise": depthwise, "attention": attention, "map": mapped, "user_remat": user_remat,
     "recurrence8": recurrence(8), "recurrence32": recurrence(32),
     "fno": fno, "gp": gp, "bf16": bf16, "vit": vit, "pooling": pooling, "decoder": decoder, "fori": fori,
     "mixer": mixer, "wavenet": wavenet, "convnext": convnext, "triplet": triplet, "gru": gru, "vae": vae,
     "realnvp": realnvp, "nerf": nerf, "mamba": mamba, "perceiver": perceiver, "capsules": capsules, "hypernet": hypernet,
+    "gnn": gnn, "moe": moe, "vqvae": vqvae, "negbin": negbin, "linen_scan": linen_scan, "stochdepth": stochdepth,
 }
 
 

@@ -12,6 +12,7 @@ repeats; they mean little on a 2-core machine running 8 devices).
     python benchmarks/sharded_benchmark.py --output docs/benchmarks.md
     python benchmarks/sharded_benchmark.py --grad --output docs/benchmarks.md
     python benchmarks/sharded_benchmark.py --grad --manual   # a loss that is one shard_map
+    python benchmarks/sharded_benchmark.py --manual          # the same, planned for jax.jit
     python benchmarks/sharded_benchmark.py --grad --gpt      # a Flax GPT, Megatron-style kernels
     python benchmarks/sharded_benchmark.py --first-call plan   # one fresh structure, in this process
     python benchmarks/sharded_benchmark.py --jit --output docs/benchmarks.md
@@ -49,6 +50,7 @@ rental.COMPILE_RATE = rental.CompileRate(0.0, weight=None)  # chunks from a plan
 
 sys.path.insert(0, __file__.rsplit("/", 1)[0])
 from grad_benchmark import machine, timed, write_report  # noqa: E402
+from scan_benchmark import interleaved_medians  # noqa: E402
 
 MODELS = {
     "mlp16x256_b8192": lambda: models.mlp_chain(16, 256, 8192),
@@ -154,6 +156,32 @@ def manual_rows(ratios, repeats: int, layers: int = 8, width: int = 256, batch: 
     return [_grad_row(name, "data 2 x model 4", m.loss, m.params, m.batch, ratio, repeats) for ratio in ratios]
 
 
+def manual_plan_rows(ratios, repeats: int, layers: int = 8, width: int = 128, batch: int = 4096) -> list[str]:
+    """`jdtr.plan` on a loss written as one `shard_map`, on each kind of
+    axes: bytes per device, and the step's time against `jax.jit(jax.grad)`'s."""
+    out = []
+    for axis_type in (AxisType.Explicit, AxisType.Auto):
+        mesh = jax.make_mesh((2, 4), ("data", "model"), axis_types=(axis_type,) * 2)
+        m = models.megatron_shard_map(mesh, layers, width, batch)
+        name = f"one shard_map, {layers} Megatron layers of {width}, batch {batch}"
+        full, reference = per_device(jax.grad(m.loss), m.params, m.batch), jax.jit(jax.grad(m.loss))(m.params, m.batch)
+        for ratio in ratios:
+            try:
+                plan = jdtr.plan(m.loss, m.params, m.batch, budget=ratio, autotune=False)
+            except jdtr.OutOfBudgetError as err:
+                works = err.suggested_budget_bytes
+                out.append(f"| {name} | {axis_type.name} | {ratio} | {full / 2**20:.2f} | no plan fits; suggests {works / full:.3f} | | |")
+                continue
+            step = jax.jit(plan.grad)
+            error = max(float(jnp.max(jnp.abs(a - b))) for a, b in zip(jax.tree.leaves(step(m.params, m.batch)), jax.tree.leaves(reference)))
+            medians = interleaved_medians({"jit": jax.jit(jax.grad(m.loss)), "plan": step}, (m.params, m.batch), repeats)
+            out.append(
+                f"| {name} | {axis_type.name} | {ratio} | {full / 2**20:.2f} | {plan.compiled_bytes / full:.3f} | "
+                f"{medians['plan'] / medians['jit']:.2f}x | {error:.1e} |"
+            )
+    return out
+
+
 def _grad_row(model_name: str, mesh_name: str, loss, params, x, ratio: float, repeats: int) -> str:
     compiled = jax.jit(jax.grad(loss))
     full = per_device(jax.grad(loss), params, x)
@@ -229,7 +257,7 @@ def main(argv=None):
     parser.add_argument("--output")
     parser.add_argument("--grad", action="store_true", help="jdtr.grad instead of jdtr.plan")
     parser.add_argument("--repeats", type=int, default=5)
-    parser.add_argument("--manual", action="store_true", help="with --grad: only the loss written as one shard_map")
+    parser.add_argument("--manual", action="store_true", help="only the loss written as one shard_map (planned; with --grad: jdtr.grad)")
     parser.add_argument("--gpt", action="store_true", help="with --grad: only the Flax GPT")
     parser.add_argument("--first-call", choices=("plan", "grad"), help="time one structure's first plan or call")
     parser.add_argument("--layers", type=int, default=24, help="with --first-call: shard_map layers")
@@ -247,6 +275,19 @@ def main(argv=None):
         for name in MODELS:
             print(f"benchmarking {name} under jax.jit ...", file=sys.stderr)
             lines += jit_rows(name, [r for r in args.ratios if r < 1.0])
+        text = "\n".join(lines)
+        print(text)
+        write_report(args.output, text)
+        return
+    if args.manual and not args.grad:
+        lines = [f"### `jdtr.plan` on a loss written as one `shard_map` (issue 24), {datetime.date.today().isoformat()}", "",
+                 f"Command: `python benchmarks/sharded_benchmark.py --manual`. Machine: {machine()}, 8 host devices, "
+                 "a 2x4 mesh. Bytes per device of the planned step over `jax.jit(jax.grad)`'s; its step time over "
+                 f"`jax.jit(jax.grad)`'s (medians of {args.repeats} interleaved runs; 8 devices on 2 cores: a rough "
+                 "guide); the largest gradient difference from it. `autotune=False`.", "",
+                 "| model | axes | budget | jax.jit(jax.grad) MiB per device | plan / jax.grad's | step / jax.grad's | max grad difference |",
+                 "|---|---|---|---|---|---|---|"]
+        lines += manual_plan_rows([r for r in args.ratios if r < 1.0], args.repeats)
         text = "\n".join(lines)
         print(text)
         write_report(args.output, text)

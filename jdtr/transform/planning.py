@@ -150,6 +150,10 @@ def _backward_reads(forward: Program, vg: Program) -> dict[Value, Value]:
         made_of = [a for a in producer[v].args if a in position]
         if getattr(producer[v], "name", None) not in own and len(made_of) == 1 and made_of[0].nbytes == v.nbytes:
             pending.append(made_of[0])
+        elif getattr(producer[v], "name", None) == "shard_map" and "shard_map" not in own:
+            # A residual JAX's `shard_map` rule made beside an inlined body
+            # equation's output (`manual.py`): recomputed from that equation's inputs.
+            pending.extend(made_of)
     return reads
 
 
