@@ -526,6 +526,7 @@ ONE_SHARD_MAP_SCRIPT = textwrap.dedent(
                 plan = jdtr.plan(loss, ws, x, budget=budget, autotune=False)
             except jdtr.OutOfBudgetError as err:  # a call at the budget it verified runs (before: 1.0 and more)
                 assert budget < 0.5 and err.suggested_budget_bytes < 0.6 * full, (budget, err.suggested_budget_bytes / full)
+                assert any("call remat_grad inside the body" in n for n in getattr(err, "__notes__", ())), err
                 plan = jdtr.plan(loss, ws, x, budget=err.suggested_budget_bytes, autotune=False)
             measured = per_device(plan.grad, ws, x)
             assert measured == plan.compiled_bytes <= plan.budget_bytes, (measured, plan.compiled_bytes, plan.budget_bytes)

@@ -421,7 +421,10 @@ def make_plan(
             return _without_remat(base, target, heuristic, fun)
         chosen, searches, unreached = _search_levels(base, target, heuristic, implementation, max_attempts)
         if chosen is None:
-            raise _no_plan_fits(searches, unreached, target, heuristic, implementation, max_attempts)
+            err = _no_plan_fits(searches, unreached, target, heuristic, implementation, max_attempts)
+            if base.traced is not None and manual.has_inlinable(base.traced.jaxpr):
+                err.add_note(_IN_THE_BODY)
+            raise err
         search = searches[-1]
         planning = search.planning
         slow = search.slow_plan_message(chosen)
@@ -523,6 +526,14 @@ def quick_plan(
         return _search_levels(base, budget_bytes, heuristic, "auto", attempts, deadline)[0]
     finally:
         base.forget_lowerings()
+
+
+_IN_THE_BODY = (
+    "The step is written inside a shard_map. Its plans cut inside the body only as shard_maps of one "
+    "equation each, whose gradients JAX makes with residuals of their own. A plan of each device's step "
+    "may go further: call remat_grad inside the body, e.g. jax.shard_map(lambda w, x: jax.lax.pmean("
+    "jdtr.remat_grad(local_loss, budget=...)(w, x), 'data'), ...)."
+)
 
 
 def _search_levels(
