@@ -174,21 +174,28 @@ SCRIPT = COLLECTIVE_LOSS + textwrap.dedent(
 )
 
 
-@pytest.mark.long
-def test_plans_on_sharded_arguments_keep_a_budget_per_device():
+def run_on_8_devices(script: str, timeout: int = 900) -> str:
+    """`script` run in a subprocess on 8 host CPU devices (the rest of the
+    suite keeps one); its output, once it has succeeded."""
     flags = "--xla_force_host_platform_device_count=8"
     if jax.__version_info__ >= (0, 10):
         # 8 devices' collectives on a busy 2-core machine can wait long for
         # each other; XLA's default 40 s before it aborts is too short there.
         flags += " --xla_cpu_collective_call_terminate_timeout_seconds=600"
     env = dict(os.environ, XLA_FLAGS=flags, JAX_PLATFORMS="cpu")
-    result = subprocess.run([sys.executable, "-c", SCRIPT], env=env, capture_output=True, text=True, timeout=900)
+    result = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=timeout)
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-4000:]
+    return result.stdout
+
+
+@pytest.mark.long
+def test_plans_on_sharded_arguments_keep_a_budget_per_device():
+    stdout = run_on_8_devices(SCRIPT)
     for expected in (
         "mesh (2, 4) 0.3", "collectives ok", "arguments per device ok", "explicit ok", "explicit without a context ok",
         "auto warned",
     ):
-        assert expected in result.stdout, result.stdout
+        assert expected in stdout, stdout
 
 
 GRAD_SCRIPT = COLLECTIVE_LOSS + textwrap.dedent(
@@ -410,14 +417,9 @@ def test_grad_on_sharded_arguments_keeps_a_budget_per_device():
     """`jdtr.grad`, `value_and_grad` and `jdtr.nnx` on arguments sharded over
     8 CPU devices: the run's steps and chunks are XLA's partitioned programs,
     every value counted on one device by the sharding XLA gives it."""
-    flags = "--xla_force_host_platform_device_count=8"
-    if jax.__version_info__ >= (0, 10):
-        flags += " --xla_cpu_collective_call_terminate_timeout_seconds=600"
-    env = dict(os.environ, XLA_FLAGS=flags, JAX_PLATFORMS="cpu")
-    result = subprocess.run([sys.executable, "-c", GRAD_SCRIPT], env=env, capture_output=True, text=True, timeout=900)
-    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-4000:]
+    stdout = run_on_8_devices(GRAD_SCRIPT)
     for expected in ("grad (2, 4) Auto 0.3", "online (2, 4)", "grad (8,) Explicit 0.5", "online (8,) Explicit", "nnx ok", "gpt shardings ok", "closed over ok", "collectives ok", "errors ok", "views ok", "one device ok", "one shard_map Auto 0.5", "one shard_map Explicit 0.5"):
-        assert expected in result.stdout, result.stdout
+        assert expected in stdout, stdout
 
 
 def test_a_keys_bytes_per_device_are_its_physical_words():
@@ -561,11 +563,6 @@ def test_remat_grad_plans_inside_a_loss_written_as_one_shard_map():
     the search found for these 6 layers at 0.5 was 0.64.)"""
     if not hasattr(jax, "shard_map"):
         pytest.skip("jax.shard_map with checked types: JAX 0.7 and later")
-    flags = "--xla_force_host_platform_device_count=8"
-    if jax.__version_info__ >= (0, 10):
-        flags += " --xla_cpu_collective_call_terminate_timeout_seconds=600"
-    env = dict(os.environ, XLA_FLAGS=flags, JAX_PLATFORMS="cpu")
-    result = subprocess.run([sys.executable, "-c", ONE_SHARD_MAP_SCRIPT], env=env, capture_output=True, text=True, timeout=900)
-    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-4000:]
+    stdout = run_on_8_devices(ONE_SHARD_MAP_SCRIPT)
     for expected in ("one shard_map Explicit 0.3", "one shard_map Auto 0.5", "under jit", "eager autotuned"):
-        assert expected in result.stdout, result.stdout
+        assert expected in stdout, stdout

@@ -41,6 +41,7 @@ import jax
 from ..budget import BudgetLike, parse_budget
 from ..offline import run
 from ..runtime import Heuristic, OutOfBudgetError, get_heuristic
+from . import manual
 from .arguments import Arguments, argnums_tuple, concrete_leaves, flatten_arguments, on_planning_mesh, unseen_mesh
 from .autotune import Timing, can_autotune, example_inputs, median_step_seconds
 from .checkpoint import named_forward, run_segments
@@ -48,7 +49,6 @@ from .checkpoint_plan import Plan, layout
 from .compiled import CompiledStep, compile_all, compiled_bytes, lower, measure_options
 from .costly import costly_candidate
 from .devices import DeviceScale, device_bytes, device_scale, is_sharded, placed_scale, placements, unsharded
-from . import manual
 from .lowering import simulation
 from .plan_search import PlanSearch, SlowPlanWarning, least_target_in_reach, out_of_reach, past, scan_floor
 from .simulated_plans import search_simulated_budget, uniform_plan
@@ -422,7 +422,7 @@ def make_plan(
         chosen, searches, unreached = _search_levels(base, target, heuristic, implementation, max_attempts)
         if chosen is None:
             err = _no_plan_fits(searches, unreached, target, heuristic, implementation, max_attempts)
-            if base.traced is not None and manual.has_inlinable(base.traced.jaxpr):
+            if "inlined" in base.strategies:  # (planned with its `shard_map`s' bodies inlined)
                 err.add_note(_IN_THE_BODY)
             raise err
         search = searches[-1]
