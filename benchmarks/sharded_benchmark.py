@@ -164,7 +164,8 @@ def manual_plan_rows(ratios, repeats: int, layers: int = 8, width: int = 128, ba
         mesh = jax.make_mesh((2, 4), ("data", "model"), axis_types=(axis_type,) * 2)
         m = models.megatron_shard_map(mesh, layers, width, batch)
         name = f"one shard_map, {layers} Megatron layers of {width}, batch {batch}"
-        full, reference = per_device(jax.grad(m.loss), m.params, m.batch), jax.jit(jax.grad(m.loss))(m.params, m.batch)
+        jit = jax.jit(jax.grad(m.loss))
+        full, reference = per_device(jax.grad(m.loss), m.params, m.batch), jit(m.params, m.batch)
         for ratio in ratios:
             try:
                 plan = jdtr.plan(m.loss, m.params, m.batch, budget=ratio, autotune=False)
@@ -174,7 +175,7 @@ def manual_plan_rows(ratios, repeats: int, layers: int = 8, width: int = 128, ba
                 continue
             step = jax.jit(plan.grad)
             error = max(float(jnp.max(jnp.abs(a - b))) for a, b in zip(jax.tree.leaves(step(m.params, m.batch)), jax.tree.leaves(reference)))
-            medians = interleaved_medians({"jit": jax.jit(jax.grad(m.loss)), "plan": step}, (m.params, m.batch), repeats)
+            medians = interleaved_medians({"jit": jit, "plan": step}, (m.params, m.batch), repeats)
             out.append(
                 f"| {name} | {axis_type.name} | {ratio} | {full / 2**20:.2f} | {plan.compiled_bytes / full:.3f} | "
                 f"{medians['plan'] / medians['jit']:.2f}x | {error:.1e} |"

@@ -286,6 +286,14 @@ def bind_params(eqn: JaxprEqn) -> tuple[tuple[Any, ...], dict[str, Any]]:
     return (), got
 
 
+def bind_equation(eqn: JaxprEqn, operands: Sequence[Any], **replaced: Any) -> list[Any]:
+    """`eqn` bound on `operands` as `eval_jaxpr` binds it, `replaced` among its parameters; its outputs, a list."""
+    subfuns, params = bind_params(eqn)
+    with eqn.ctx.manager:
+        outs = eqn.primitive.bind(*subfuns, *operands, **{**params, **replaced})
+    return list(outs) if eqn.primitive.multiple_results else [outs]
+
+
 def has_jaxpr_params(eqn: JaxprEqn) -> bool:
     """Whether an equation's parameters hold a jaxpr (a scan's body, a
     `cond`'s branches, a call's body): its operands are that jaxpr's inputs."""
@@ -306,11 +314,7 @@ def bind_with_body(eqn: JaxprEqn, body: ClosedJaxpr, operands: Sequence[Any]) ->
     if not isinstance(eqn.params[key], Jaxpr) or isinstance(eqn.params[key], ClosedJaxpr):
         raise TypeError("a call whose body is not an open jaxpr")  # (JAX 0.11: one class; closed calls)
     open_body = body.jaxpr.replace(constvars=[], invars=[*body.jaxpr.constvars, *body.jaxpr.invars])
-    subfuns, params = bind_params(eqn)
-    params = {**params, key: open_body}
-    with eqn.ctx.manager:
-        outs = eqn.primitive.bind(*subfuns, *body.consts, *operands, **params)
-    return list(outs) if eqn.primitive.multiple_results else [outs]
+    return bind_equation(eqn, [*body.consts, *operands], **{key: open_body})
 
 
 def is_literal(atom: Any) -> bool:

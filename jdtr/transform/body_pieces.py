@@ -284,11 +284,7 @@ def _piece_function(body: FlatBody, piece: Piece):
     def run(*args):
         env = {**body.constants, **dict(zip(piece.reads, args))}
         for step in steps:
-            operands = [_read(env, a) for a in step.reads]
-            subfuns, params = _jax_core.bind_params(step.eqn)
-            with step.eqn.ctx.manager:
-                outs = step.eqn.primitive.bind(*subfuns, *operands, **params)
-            env.update(zip(step.writes, outs if step.eqn.primitive.multiple_results else [outs]))
+            env.update(zip(step.writes, _jax_core.bind_equation(step.eqn, [_read(env, a) for a in step.reads])))
         return [env[k] for k in piece.writes]
 
     return run

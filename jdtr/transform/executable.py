@@ -17,7 +17,6 @@ count kept (docs/benchmarks.md).
 
 from __future__ import annotations
 
-import functools
 import os
 import threading
 from collections import OrderedDict
@@ -219,11 +218,8 @@ def varying_function(closed: "_jax_core.ClosedJaxpr") -> Callable[..., list]:
         env.update(zip(jaxpr.invars, args))
         read = lambda v: v.val if _jax_core.is_literal(v) else env[v]  # noqa: E731
         for eqn in jaxpr.eqns:
-            subfuns, params = _jax_core.bind_params(eqn)
-            operands = [read(v) for v in eqn.invars]
-            with eqn.ctx.manager:
-                out = bound_alike(functools.partial(eqn.primitive.bind, *subfuns, **params), operands)
-            env.update(zip(eqn.outvars, out if eqn.primitive.multiple_results else [out]))
+            bind = lambda *operands: _jax_core.bind_equation(eqn, operands)  # noqa: E731
+            env.update(zip(eqn.outvars, bound_alike(bind, [read(v) for v in eqn.invars])))
         return [read(v) for v in jaxpr.outvars]
 
     return run

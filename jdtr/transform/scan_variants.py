@@ -87,11 +87,7 @@ def with_scans_under(closed: Any, strategy: ScanStrategy) -> Callable[..., list]
             elif name in _INLINED and (call := _jax_core.call_body(eqn)) is not None:
                 outs = evaluate(*call, operands)
             else:
-                subfuns, params = _jax_core.bind_params(eqn)
-                with eqn.ctx.manager:
-                    outs = eqn.primitive.bind(*subfuns, *operands, **params)
-                if not eqn.primitive.multiple_results:
-                    outs = [outs]
+                outs = _jax_core.bind_equation(eqn, operands)
             env.update(zip(eqn.outvars, outs))
         return [read(a) for a in jaxpr.outvars]
 
