@@ -1,6 +1,6 @@
 """Models of kinds the repository's own do not cover, side by side with
 `jax.jit(jax.grad)` (issues 21 and 22; docs/benchmarks.md, "Models beyond
-the repository", third, fourth, seventh, eighth and ninth rounds).
+the repository", third, fourth, seventh to tenth rounds).
 
 Each is a few lines of plain JAX, written as a user would, none of them
 shaped for jdtr. Per model, in one process: `jax.jit(jax.grad)`;
@@ -31,6 +31,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from remat_benchmark import compiled  # noqa: E402
 from scan_benchmark import interleaved_medians  # noqa: E402
 from slack_benchmark import report  # noqa: E402
+from beyond_models_more import MORE  # noqa: E402
 
 KEYS = jax.random.split(jax.random.PRNGKey(0), 8)
 NHWC = ("NHWC", "HWIO", "NHWC")
@@ -529,6 +530,7 @@ MODELS = {
     "mixer": mixer, "wavenet": wavenet, "convnext": convnext, "triplet": triplet, "gru": gru, "vae": vae,
     "realnvp": realnvp, "nerf": nerf, "mamba": mamba, "perceiver": perceiver, "capsules": capsules, "hypernet": hypernet,
     "gnn": gnn, "moe": moe, "vqvae": vqvae, "negbin": negbin, "linen_scan": linen_scan, "stochdepth": stochdepth,
+    **MORE,  # the tenth round
 }
 
 

@@ -347,7 +347,7 @@ def test_bad_budgets_fail_at_wrap_time(budget, error, match):
 
 
 def test_bad_options():
-    with pytest.raises(ValueError, match="unknown heuristic"):
+    with pytest.raises(ValueError, match="unknown heuristic 'belady'; expected 'auto' \\(the default\\), one of .*'lookahead'"):
         jdtr.grad(chain, heuristic="belady")
     with pytest.raises(ValueError, match="dealloc"):
         jdtr.grad(chain, dealloc="maybe")

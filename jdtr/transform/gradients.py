@@ -19,12 +19,11 @@ A `cond` on data is planned per path (`paths.py`): the plan reads each
 predicate where its `cond` starts and, where a branch is not the one it
 went by, the run follows the plan of the path read so far.
 
-Running online (`mode="online"`, and where no plan can be made before the
-run: costs still to be measured, which the first call of a structure then
-measures for the plans of the next): a fresh DTR
-runtime per call executes the program eagerly on the device, deciding as it
-goes, the paper's algorithm. Either way every byte the run holds
-(arguments, constants, intermediates, outputs) stays within the budget.
+Running online (`mode="online"`, and where no plan can be made before the run:
+costs still to be measured, which the first call of a structure then measures
+for the plans of the next): a fresh DTR runtime per call executes the program
+eagerly on the device, deciding as it goes, the paper's algorithm. Either way,
+every byte the run holds (outputs too) stays within the budget.
 
 Logging: `log=path`, and `jdtr.trace`, write down what the program asks of
 the runtime as an operator log in the DTR prototype's format, which
@@ -49,6 +48,7 @@ from ..budget import Budget, BudgetLike, parse_budget
 from ..runtime import (
     DEFAULT_HEURISTIC,
     DEALLOC_POLICIES,
+    HEURISTICS,
     Counters,
     Heuristic,
     OutOfBudgetError,
@@ -386,8 +386,8 @@ def _make(
         raise ValueError(f"unknown chunks policy {chunks!r}; expected one of {CHUNK_POLICIES}")
     if scans not in SCAN_POLICIES:
         raise ValueError(f"unknown scans policy {scans!r}; expected one of {SCAN_POLICIES}")
-    if heuristic != AUTO:
-        get_heuristic(heuristic)  # fails now on an unknown name
+    if heuristic != AUTO and not isinstance(heuristic, Heuristic) and heuristic not in HEURISTICS:  # fails now
+        raise ValueError(f"unknown heuristic {heuristic!r}; expected {AUTO!r} (the default), one of {sorted(HEURISTICS)} or a jdtr.runtime.Heuristic instance")
     return _ValueAndGrad(
         fun,
         argnums,

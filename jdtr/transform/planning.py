@@ -430,21 +430,24 @@ def make_plan(
         slow = search.slow_plan_message(chosen)
         if slow is not None:
             warnings.warn(slow, SlowPlanWarning, stacklevel=3)
+        limit = max(target, chosen.compiled_bytes)
+        search.adopt_measured(limit)
+        untimed = lambda: search.least_recompute(chosen, limit)  # noqa: E731
         if autotune is False:
-            return chosen
+            return untimed()
         if jax.process_count() > 1:
             # Every process must run the same plan (its collectives meet those of
-            # the others), and timings differ between processes: chosen by memory.
+            # the others), and timings differ between processes: chosen untimed.
             if autotune:
-                warnings.warn("jdtr: autotune is off across several processes; the plan is chosen by memory", stacklevel=3)
-            return chosen
+                warnings.warn("jdtr: autotune is off across several processes; the plan is chosen by the cost model", stacklevel=3)
+            return untimed()
         structs = arguments.traced_specs
         if not can_autotune(structs):
             if autotune:  # asked for explicitly: say why it did not happen
                 warnings.warn(
-                    "autotune needs example inputs and cannot make PRNG keys of this JAX's types; the plan is chosen by memory", stacklevel=3
+                    "autotune needs example inputs and cannot make PRNG keys of this JAX's types; the plan is chosen by the cost model", stacklevel=3
                 )
-            return chosen
+            return untimed()
         # Candidates: the plans DTR makes for smaller budgets, which also fit.
         # Coarser searches suffice for them (within 1/64 of the peak); each
         # compiles in the background while the next is searched for and lowered.
@@ -469,7 +472,6 @@ def make_plan(
         if inputs is None:
             inputs = example_inputs(structs)
             copies = sum(device_bytes(x) for x in inputs)  # (per device, as the budget)
-        limit = max(target, chosen.compiled_bytes)
 
         def timed(plans: list[Plan]) -> list[Plan]:
             fitting = [plan for plan in plans if plan.compiled_bytes + copies <= limit]
@@ -490,8 +492,8 @@ def make_plan(
         # recompute would keep (sorts): measured, and timed with the others if it fits.
         costly_candidate(search, chosen)
         fitting = timed(search.compiled)
-        if not fitting:
-            return chosen  # none can run beside the copy within the budget: chosen by memory
+        if not fitting:  # none can run beside the copy within the budget
+            return untimed()
         seconds = median_step_seconds([step.executable for _, step in planning.compile(fitting, run=True)], inputs)
         # Within 2% of the fastest is a tie (timing noise): the smallest of those wins.
         ties = [i for i, s in enumerate(seconds) if s <= min(seconds) * (1 + TIE_TOLERANCE)]

@@ -321,6 +321,10 @@ def _traced(layout: ScanLayout, strategy: ScanStrategy, inputs: Optional[Sequenc
         try:
             return run_scan(layout, strategy, *args)
         except (ValueError, TypeError):
+            # Only a body's binds in a `shard_map` are refused for their
+            # types: elsewhere the error is the program's own, raised as is.
+            if not any(_jax_core.varying_axes(_jax_core.aval_of(a)) for a in args):
+                raise
             return run_scan(layout, strategy, *args, varying=True)
 
     return run
