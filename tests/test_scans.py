@@ -161,6 +161,28 @@ def test_a_strategy_keeps_what_it_says_and_each_keeps_less():
     assert kept == sorted(kept, reverse=True) and kept[0] > kept[-1]
 
 
+def test_a_kept_scans_own_error_is_raised_as_it_is_outside_a_shard_map(monkeypatch):
+    """A kept scan's run is retried with JAX's varying casts only where an
+    argument varies along a mesh axis (a `shard_map` body, where JAX refuses
+    the body's binds without them). Elsewhere an error is the program's own:
+    raised once, as it is (it was retried on any `ValueError` or `TypeError`)."""
+    from jdtr.transform import scans
+
+    m = models.rnn(steps=64, hidden=8, features=4, batch=2)
+    program = normalize(jax.make_jaxpr(m.loss)(m.params, m.batch), keep_scans=True)
+    (equation,) = kept_scans(program).values()
+    tried = []
+
+    def refused(layout, strategy, *args, varying=False):
+        tried.append(varying)
+        raise ValueError("the program's own")
+
+    monkeypatch.setattr(scans, "run_scan", refused)
+    with pytest.raises(ValueError, match="the program's own"):
+        scan_memory(equation, ScanStrategy("carry", 2))
+    assert tried == [False]
+
+
 def test_short_scans_are_unrolled_and_long_ones_kept():
     short = models.rnn(steps=MIN_KEPT_LENGTH - 1, hidden=8, features=4, batch=2)
     long = models.rnn(steps=MIN_KEPT_LENGTH, hidden=8, features=4, batch=2)
