@@ -1146,7 +1146,8 @@ def test_where_the_search_finds_none_it_takes_the_fitting_plan_measured_before()
     every plan measured for the step (by earlier budgets' searches too), one
     whose convolutions run outside conds before a cond-gated one (~40x
     slower on the CPU), then the one that recomputes least (the most bytes);
-    none where none fits. A cond-gated plan kept is said (`SlowPlanWarning`)."""
+    none where none fits. A cond-gated plan kept is said (`SlowPlanWarning`),
+    unless one without conds within the target is among the search's plans."""
     from types import SimpleNamespace
 
     from jdtr.transform.checkpoint_plan import layout
@@ -1168,9 +1169,13 @@ def test_where_the_search_finds_none_it_takes_the_fitting_plan_measured_before()
     assert search._measured_before() is None
     # A cond-gated plan kept says so, with the bytes of the smallest plan without conds.
     search.planning.measured = {layout(p): p for p in plans}
+    search.compiled = []
     message = search.slow_plan_message(plans[0])
     assert "inside lax.cond" in message and "budget=940 (bytes)" in message
     assert search.slow_plan_message(plans[2]) is None
+    search.compiled = [plans[1]]  # one without conds within the target is the search's (`adopt_measured`): nothing to say
+    assert search.slow_plan_message(plans[0]) is None
+    search.compiled = []
     search.planning.measured = {layout(plans[0]): plans[0]}
     assert search.slow_plan_message(plans[0]) is None  # none without conds to point to
 

@@ -512,9 +512,9 @@ class PlanSearch:
 
     def slow_plan_message(self, plan: Plan) -> Optional[str]:
         """What a `SlowPlanWarning` says where `plan` is gated by conds and a
-        plan without them was measured (over the target); else None."""
+        plan without them was measured over the target, none within it; else None."""
         nbytes = self._smallest_without_conds()
-        if plan.gate != "cond" or nbytes is None:
+        if plan.gate != "cond" or nbytes is None or any(p.gate != "cond" and p.compiled_bytes <= self.target for p in self.compiled):
             return None
         return (
             f"jdtr.plan: the only plans found within the budget of {format_bytes(int(self.target))} recompute "

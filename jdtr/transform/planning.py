@@ -427,11 +427,11 @@ def make_plan(
             raise err
         search = searches[-1]
         planning = search.planning
+        limit = max(target, chosen.compiled_bytes)
+        search.adopt_measured(limit)
         slow = search.slow_plan_message(chosen)
         if slow is not None:
             warnings.warn(slow, SlowPlanWarning, stacklevel=3)
-        limit = max(target, chosen.compiled_bytes)
-        search.adopt_measured(limit)
         untimed = lambda: search.least_recompute(chosen, limit)  # noqa: E731
         if autotune is False:
             return untimed()
