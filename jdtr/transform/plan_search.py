@@ -47,6 +47,8 @@ SWEEP_COMPILES = 3
 # the leaves of this many flat plans (least predicted first) are nested to
 # the left in its stead, where one fits and recomputes less (`_shallower`).
 SHALLOWER_SOURCES = 2
+# Plans measured by earlier searches of a step that a later one adopts, at most (`adopt_measured`).
+ADOPTED_AT_MOST = 4
 
 
 class SlowPlanWarning(UserWarning):
@@ -125,10 +127,10 @@ class PlanSearch:
         an eager plan, a `jax.jit` plan of the same step at the same budget
         kept one of three times the recomputation, and ran 1.8x as long)."""
         known = {layout(p) for p in self.compiled}
-        self.compiled += [
-            dataclasses.replace(p, budget_bytes=self.target)
-            for key, p in self.planning.measured.items() if key not in known and p.compiled_bytes <= limit
-        ]
+        earlier = [p for key, p in self.planning.measured.items() if key not in known and p.compiled_bytes <= limit]
+        # The least rerun first, a few: each one timed compiles again (plans at other budgets pile up).
+        earlier.sort(key=lambda p: (rerun_cost(self.planning.forward, p.segments), p.compiled_bytes))
+        self.compiled += [dataclasses.replace(p, budget_bytes=self.target) for p in earlier[:ADOPTED_AT_MOST]]
 
     def least_recompute(self, chosen: Plan, limit: float) -> Plan:
         """The plan to keep where none is timed (`autotune=False`, several
