@@ -29,6 +29,7 @@ from jdtr.runtime import format_bytes
 from jdtr.transform.program import Equation
 
 from budgets import biting_plan, searched_plan
+from host_devices import run_on_8_devices
 from xla_premises import xla_strips_checkpoint_barriers
 
 # How close two programs' compiled bytes count as alike (a plan's own
@@ -1085,10 +1086,8 @@ SHARDED = textwrap.dedent(
 
 
 def test_data_parallel_sharded_step_on_8_cpu_devices():
-    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=8", JAX_PLATFORMS="cpu")
-    result = subprocess.run([sys.executable, "-c", SHARDED], env=env, capture_output=True, text=True, timeout=600)
-    assert result.returncode == 0, result.stderr[-3000:]
-    assert "sharded ok 16" in result.stdout and "device ok" in result.stdout
+    stdout = run_on_8_devices(SHARDED, timeout=600)
+    assert "sharded ok 16" in stdout and "device ok" in stdout
 
 
 def test_device_peak_script_refuses_a_backend_without_allocator_stats():

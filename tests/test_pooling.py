@@ -5,9 +5,6 @@ compiled paths."""
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 import textwrap
 
 import jax
@@ -19,6 +16,8 @@ from jax import lax
 import jdtr
 from jdtr import models
 from jdtr.transform import pooling
+
+from host_devices import run_on_8_devices
 from jdtr.transform.executable import binder
 
 pytestmark = pytest.mark.skipif(jax.default_backend() != "cpu", reason="the rewrite applies on the CPU only")
@@ -255,7 +254,4 @@ def test_pools_on_a_mesh_of_8_devices():
     """Batch-sharded arguments: the rewrite's zeros take their operand's
     sharding (a select between sharded and unsharded arrays is refused on
     Explicit axes), in both paths."""
-    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=8", JAX_PLATFORMS="cpu")
-    result = subprocess.run([sys.executable, "-c", MESH_SCRIPT], env=env, capture_output=True, text=True, timeout=600)
-    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-4000:]
-    assert "mesh ok" in result.stdout
+    assert "mesh ok" in run_on_8_devices(MESH_SCRIPT, timeout=600)

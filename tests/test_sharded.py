@@ -11,13 +11,12 @@ fits a fraction, within the budget the planner suggests); gradients equal
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 import textwrap
 
 import jax
 import pytest
+
+from host_devices import run_on_8_devices
 
 # Both scripts' loss with collectives: a shard_map with a psum in every layer.
 COLLECTIVE_LOSS = textwrap.dedent(
@@ -172,20 +171,6 @@ SCRIPT = COLLECTIVE_LOSS + textwrap.dedent(
     print("auto warned")
     """
 )
-
-
-def run_on_8_devices(script: str, timeout: int = 900) -> str:
-    """`script` run in a subprocess on 8 host CPU devices (the rest of the
-    suite keeps one); its output, once it has succeeded."""
-    flags = "--xla_force_host_platform_device_count=8"
-    if jax.__version_info__ >= (0, 10):
-        # 8 devices' collectives on a busy 2-core machine can wait long for
-        # each other; XLA's default 40 s before it aborts is too short there.
-        flags += " --xla_cpu_collective_call_terminate_timeout_seconds=600"
-    env = dict(os.environ, XLA_FLAGS=flags, JAX_PLATFORMS="cpu")
-    result = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=timeout)
-    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-4000:]
-    return result.stdout
 
 
 @pytest.mark.long
@@ -499,10 +484,8 @@ def test_remat_grad_inside_a_shard_map_body_with_its_types_checked():
     asks for them (`executable.vary_alike`)."""
     if not hasattr(jax, "shard_map"):
         pytest.skip("jax.shard_map with checked types: JAX 0.7 and later")
-    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=8", JAX_PLATFORMS="cpu")
-    result = subprocess.run([sys.executable, "-c", IN_SHARD_MAP_SCRIPT], env=env, capture_output=True, text=True, timeout=600)
-    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-4000:]
-    assert "in shard_map 0.3" in result.stdout and "scan kept in shard_map 1" in result.stdout, result.stdout
+    stdout = run_on_8_devices(IN_SHARD_MAP_SCRIPT, timeout=600)
+    assert "in shard_map 0.3" in stdout and "scan kept in shard_map 1" in stdout, stdout
 
 
 ONE_SHARD_MAP_SCRIPT = textwrap.dedent(
