@@ -43,6 +43,8 @@ SUITE = {
                lambda: models.flax_scan_lstm(64, 128, 128, 32)),
     "lstm256": ("the same LSTM, 256 steps", lambda: models.flax_scan_lstm(256, 128, 128, 32)),
     "gpt": ("GPT, 12 blocks in nnx.scan, dim 128, seq 128, batch 8", lambda: models.flax_scan_gpt(12, 128, 4, 128, 8)),
+    "stacked": ("stacked LSTM, a scan over 4 layers of scans over 64 steps, hidden 128, batch 32",
+                lambda: models.stacked_lstm(4, 64, 128, 32)),
 }
 
 

@@ -29,6 +29,7 @@ from .jax_models import (
     resnet,
     rnn,
     sorted_layers,
+    stacked_lstm,
     transformer,
     wavenet,
 )
@@ -36,5 +37,5 @@ from .jax_models import (
 __all__ = [
     "Model", "Segment", "batchnorm_cnn", "flax_gpt", "flax_gpt_megatron", "flax_resnet_groupnorm", "flax_scan_gpt", "flax_scan_lstm",
     "flax_tied_lm", "flax_unet", "flax_unet3", "fourier_operator", "gated_mlp", "linear_recurrence", "megatron_shard_map", "message_passing", "mlp_chain", "plain_cnn", "resnet", "rnn", "sorted_layers",
-    "transformer", "wavenet",
+    "stacked_lstm", "transformer", "wavenet",
 ]

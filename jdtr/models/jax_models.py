@@ -299,6 +299,36 @@ def rnn(
     return Model(f"rnn{steps}x{hidden}_b{batch}", loss, params, xs)
 
 
+def stacked_lstm(layers: int = 4, steps: int = 32, hidden: int = 32, batch: int = 16, seed: int = 3) -> Model:
+    """A stacked LSTM as JAX users write one: a `lax.scan` over the layers'
+    stacked weights whose body is a `lax.scan` over time (scans nested in
+    a kept scan's body, run under its strategy where it alone cannot fit)."""
+    k = jax.random.split(jax.random.PRNGKey(seed), 3)
+    params = (
+        jax.random.normal(k[0], (layers, hidden, 4 * hidden), jnp.float32) * hidden**-0.5,
+        jax.random.normal(k[1], (layers, hidden, 4 * hidden), jnp.float32) * hidden**-0.5,
+    )
+    seq = jax.random.normal(k[2], (steps, batch, hidden), jnp.float32)
+
+    def loss(params, seq):
+        def layer(seq, weights):
+            w, u = weights
+
+            def cell(h_c, x):
+                h, c = h_c
+                i, f, g, o = jnp.split(x @ w + h @ u, 4, -1)
+                c = jax.nn.sigmoid(f) * c + jax.nn.sigmoid(i) * jnp.tanh(g)
+                h = jax.nn.sigmoid(o) * jnp.tanh(c)
+                return (h, c), h
+
+            zeros = jnp.zeros(seq.shape[1:], seq.dtype)
+            return lax.scan(cell, (zeros, zeros), seq)[1], None
+
+        return jnp.mean(lax.scan(layer, seq, params)[0] ** 2)
+
+    return Model(f"stacked_lstm{layers}x{steps}x{hidden}_b{batch}", loss, params, seq)
+
+
 def gated_mlp(blocks: int = 16, width: int = 256, batch: int = 1024, seed: int = 0) -> Model:
     """A residual tanh MLP whose blocks the data switches on and off: block
     i runs (two layers) where the batch's gate i is positive, else a cheap

@@ -44,7 +44,7 @@ from .collection import collection_paused
 from .normalize import keepable_scan
 from .planner import QUICK_OVERHEAD, THRASH_OVERHEAD, PlannedRun, plan_run
 from .program import Program
-from .scans import STRATEGIES, ScanStrategy, cuts_a_body, for_length, kept_scans, run_scan
+from .scans import STRATEGIES, ScanStrategy, cuts_a_body, for_length, kept_scans, nested_scans, run_scan
 
 # A plan of the step as written that recomputes more than this (overhead)
 # is compared with the plan of its `shard_map`s' bodies inlined (`manual.py`):
@@ -97,9 +97,10 @@ def with_scans_under(closed: Any, strategy: ScanStrategy) -> Callable[..., list]
 
 def run_as(closed: Any, strategy: ScanStrategy) -> ScanStrategy:
     """`strategy` as `with_scans_under(closed, strategy)` runs the kept
-    scans: "pieces" is "carry" where no body has a cut (`run_scan`), the
-    same program, which a planner need not trace and plan twice."""
-    if strategy.saves != "pieces":
+    scans: "pieces" is "carry" where no body has a cut (`run_scan`), and
+    `inner` is off where no body holds a scan (`body_function`): the same
+    program, which a planner need not trace and plan twice."""
+    if strategy.saves != "pieces" and not strategy.inner:
         return strategy
 
     def layouts(jaxpr: Any):
@@ -109,9 +110,12 @@ def run_as(closed: Any, strategy: ScanStrategy) -> ScanStrategy:
             elif eqn.primitive.name in _INLINED and (call := _jax_core.call_body(eqn)) is not None:
                 yield from layouts(call[0])
 
-    if cuts_a_body(strategy, layouts(_jax_core.open_jaxpr(closed)[0])):
-        return strategy
-    return replace(strategy, saves="carry")
+    found = list(layouts(_jax_core.open_jaxpr(closed)[0]))
+    if strategy.inner and not any(nested_scans(layout) for layout in found):
+        strategy = replace(strategy, inner=False)
+    if strategy.saves == "pieces" and not cuts_a_body(strategy, found):
+        strategy = replace(strategy, saves="carry")
+    return strategy
 
 
 @dataclass(eq=False)
