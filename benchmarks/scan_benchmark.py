@@ -134,7 +134,7 @@ def each_strategy(key: str, ratios, repeats: int) -> list[str]:
              "|---|---|---|---|---|"]
     for strategy, (nbytes, error) in found.items():
         lines.append(
-            f"| {strategy.saves}, {strategy.levels} | {nbytes / 2**20:.2f} | {nbytes / base_bytes:.3f} | "
+            f"| {strategy.saves}, {strategy.levels}{', inner' if strategy.inner else ''} | {nbytes / 2**20:.2f} | {nbytes / base_bytes:.3f} | "
             f"{times[strategy] / base:.2f} | {error:.1e} |"
         )
     return lines
