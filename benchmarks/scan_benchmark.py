@@ -32,8 +32,7 @@ import jax.numpy as jnp
 
 import jdtr
 from jdtr import models
-from jdtr.transform.scan_variants import with_scans_under
-from jdtr.transform.scans import STRATEGIES
+from jdtr.transform.scans import STRATEGIES, with_scans_under
 
 sys.path.insert(0, __file__.rsplit("/", 1)[0])
 from grad_benchmark import machine, write_report  # noqa: E402

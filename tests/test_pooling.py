@@ -16,9 +16,9 @@ from jax import lax
 import jdtr
 from jdtr import models
 from jdtr.transform import pooling
+from jdtr.transform.executable import binder
 
 from host_devices import run_on_8_devices
-from jdtr.transform.executable import binder
 
 pytestmark = pytest.mark.skipif(jax.default_backend() != "cpu", reason="the rewrite applies on the CPU only")
 

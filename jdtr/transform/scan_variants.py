@@ -41,58 +41,20 @@ from typing import Any, Callable, Optional, Sequence, Union
 from ..runtime import Heuristic, OutOfBudgetError
 from . import _jax_core
 from .collection import collection_paused
-from .normalize import keepable_scan
 from .planner import QUICK_OVERHEAD, THRASH_OVERHEAD, PlannedRun, plan_run
 from .program import Program
-from .scans import STRATEGIES, ScanStrategy, cuts_a_body, for_length, kept_scans, nested_scans, run_scan
+from .scans import STRATEGIES, ScanStrategy, cuts_a_body, for_length, keepable_scans_in, kept_scans, nested_scans
 
 # A plan of the step as written that recomputes more than this (overhead)
 # is compared with the plan of its `shard_map`s' bodies inlined (`manual.py`):
 # a whole `shard_map` runs fastest, so it is kept where DTR copes around it.
 INLINE_ABOVE = QUICK_OVERHEAD
-
-
-# Call primitives whose body is evaluated in place, so that the scans in
-# them are kept too (`jax.jit` inside a model, Flax's lifted transforms).
-# Others (`custom_vjp`, `checkpoint`) are bound as they are: their scans
-# differentiate by the user's rule.
-_INLINED = ("pjit", "jit", "closed_call", "core_call")
 # Where the best strategy's plan computes more than this times the program
 # as JAX differentiates it (it thrashes), the unrolled program is planned
 # too. Not below: the carry in 2 nested levels recomputes the forward pass
 # twice, 1.6x on an LSTM, where DTR on its 3,479 unrolled equations took
 # 2.2x and 30 s more to plan.
 UNROLL_ABOVE = THRASH_OVERHEAD
-
-
-def with_scans_under(closed: Any, strategy: ScanStrategy) -> Callable[..., list]:
-    """The closed jaxpr as a function, every kept scan (at any depth of
-    inlined calls) run under `strategy`: the same values, differentiated
-    with what the strategy keeps."""
-
-    def evaluate(jaxpr: Any, consts: Sequence[Any], args: Sequence[Any]) -> list:
-        env: dict = {}
-
-        def read(atom: Any) -> Any:
-            return atom.val if _jax_core.is_literal(atom) else env[atom]
-
-        env.update(zip(jaxpr.constvars, consts))
-        env.update(zip(jaxpr.invars, args))
-        for eqn in jaxpr.eqns:
-            operands = [read(a) for a in eqn.invars]
-            name = eqn.primitive.name
-            if name == "scan" and keepable_scan(eqn):
-                layout = _jax_core.scan_layout(eqn.params)
-                outs = run_scan(layout, for_length(strategy, layout.length), *operands)  # the outer scan stays kept
-            elif name in _INLINED and (call := _jax_core.call_body(eqn)) is not None:
-                outs = evaluate(*call, operands)
-            else:
-                outs = _jax_core.bind_equation(eqn, operands)
-            env.update(zip(eqn.outvars, outs))
-        return [read(a) for a in jaxpr.outvars]
-
-    jaxpr, consts = _jax_core.open_jaxpr(closed)
-    return lambda *args: evaluate(jaxpr, consts, args)
 
 
 def run_as(closed: Any, strategy: ScanStrategy) -> ScanStrategy:
@@ -102,15 +64,7 @@ def run_as(closed: Any, strategy: ScanStrategy) -> ScanStrategy:
     program, which a planner need not trace and plan twice."""
     if strategy.saves != "pieces" and not strategy.inner:
         return strategy
-
-    def layouts(jaxpr: Any):
-        for eqn in jaxpr.eqns:
-            if eqn.primitive.name == "scan" and keepable_scan(eqn):
-                yield _jax_core.scan_layout(eqn.params)
-            elif eqn.primitive.name in _INLINED and (call := _jax_core.call_body(eqn)) is not None:
-                yield from layouts(call[0])
-
-    found = list(layouts(_jax_core.open_jaxpr(closed)[0]))
+    found = [_jax_core.scan_layout(eqn.params) for eqn in keepable_scans_in(_jax_core.open_jaxpr(closed)[0])]
     if strategy.inner and not any(nested_scans(layout) for layout in found):
         strategy = replace(strategy, inner=False)
     if strategy.saves == "pieces" and not cuts_a_body(strategy, found):

@@ -44,7 +44,7 @@ import dataclasses
 import math
 import weakref
 from dataclasses import dataclass
-from typing import Any, Iterable, Optional, Sequence
+from typing import Any, Callable, Iterable, Iterator, Optional, Sequence
 
 import jax
 from jax import lax
@@ -186,10 +186,60 @@ def run_scan(layout: ScanLayout, strategy: ScanStrategy, *args, varying: bool = 
     return [*carry, *ys]
 
 
+# Call primitives whose body is evaluated in place, so that the scans in
+# them are kept too (`jax.jit` inside a model, Flax's lifted transforms).
+# Others (`custom_vjp`, `checkpoint`) are bound as they are: their scans
+# differentiate by the user's rule.
+INLINED_CALLS = ("pjit", "jit", "closed_call", "core_call")
+
+
+def keepable_scans_in(jaxpr: Any) -> Iterator[Any]:
+    """The scan equations of `jaxpr` that could be kept, at any depth of inlined calls."""
+    for eqn in jaxpr.eqns:
+        name = eqn.primitive.name
+        if name == "scan" and keepable_scan(eqn):
+            yield eqn
+        elif name in INLINED_CALLS and (call := _jax_core.call_body(eqn)) is not None:
+            yield from keepable_scans_in(call[0])
+
+
+def with_scans_under(closed: Any, strategy: ScanStrategy, varying: bool = False) -> Callable[..., list]:
+    """The closed jaxpr as a function, every kept scan (at any depth of
+    inlined calls) run under `strategy`: the same values, differentiated
+    with what the strategy keeps. With `varying`, bound with the casts a
+    `shard_map` body asks for (`executable.varying_function`)."""
+
+    def evaluate(jaxpr: Any, consts: Sequence[Any], args: Sequence[Any]) -> list:
+        env: dict = {}
+
+        def read(atom: Any) -> Any:
+            return atom.val if _jax_core.is_literal(atom) else env[atom]
+
+        env.update(zip(jaxpr.constvars, consts))
+        env.update(zip(jaxpr.invars, args))
+        for eqn in jaxpr.eqns:
+            operands = [read(a) for a in eqn.invars]
+            name = eqn.primitive.name
+            if name == "scan" and keepable_scan(eqn):
+                layout = _jax_core.scan_layout(eqn.params)
+                outs = run_scan(layout, for_length(strategy, layout.length), *operands, varying=varying)  # stays kept
+            elif name in INLINED_CALLS and (call := _jax_core.call_body(eqn)) is not None:
+                outs = evaluate(*call, operands)
+            elif varying:
+                outs = bound_alike(lambda *ops, eqn=eqn: _jax_core.bind_equation(eqn, ops), operands)
+            else:
+                outs = _jax_core.bind_equation(eqn, operands)
+            env.update(zip(eqn.outvars, outs))
+        return [read(a) for a in jaxpr.outvars]
+
+    jaxpr, consts = _jax_core.open_jaxpr(closed)
+    return lambda *args: evaluate(jaxpr, consts, args)
+
+
 def nested_scans(layout: ScanLayout) -> list[Any]:
     """The scans in a kept scan's body that could be kept themselves (a
     stacked RNN: a scan over layers of scans over time)."""
-    return [eqn for eqn in layout.body.jaxpr.eqns if keepable_scan(eqn)]
+    return list(keepable_scans_in(layout.body.jaxpr))
 
 
 def body_function(layout: ScanLayout, strategy: ScanStrategy, varying: bool = False):
@@ -200,29 +250,9 @@ def body_function(layout: ScanLayout, strategy: ScanStrategy, varying: bool = Fa
     inner scan is JAX's own, which makes all of its iterations' residuals
     at once while one outer iteration's backward pass runs (a 4-layer LSTM
     of 64 steps: 8 MiB per layer, and no strategy fitted 0.3 of its step)."""
-    inner = nested_scans(layout) if strategy.inner else []
-    if not inner:
-        return varying_function(layout.body) if varying else _jax_core.jaxpr_function(layout.body)
-    closed, kept = layout.body, set(map(id, inner))
-
-    def run(*args) -> list:
-        jaxpr = closed.jaxpr
-        env = dict(zip(jaxpr.constvars, closed.consts))
-        env.update(zip(jaxpr.invars, args))
-        read = lambda v: v.val if _jax_core.is_literal(v) else env[v]  # noqa: E731
-        for eqn in jaxpr.eqns:
-            operands = [read(v) for v in eqn.invars]
-            if id(eqn) in kept:
-                scan = _jax_core.scan_layout(eqn.params)
-                outs = run_scan(scan, for_length(strategy, scan.length), *operands, varying=varying)
-            elif varying:
-                outs = bound_alike(lambda *ops, eqn=eqn: _jax_core.bind_equation(eqn, ops), operands)
-            else:
-                outs = _jax_core.bind_equation(eqn, operands)
-            env.update(zip(eqn.outvars, outs))
-        return [read(v) for v in jaxpr.outvars]
-
-    return run
+    if strategy.inner and nested_scans(layout):
+        return with_scans_under(layout.body, strategy, varying)
+    return varying_function(layout.body) if varying else _jax_core.jaxpr_function(layout.body)
 
 
 def body_cut(layout: ScanLayout, strategy: ScanStrategy) -> Optional[CutBody]:

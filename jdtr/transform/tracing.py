@@ -30,8 +30,8 @@ from .devices import placements
 from .executable import assign_workspaces
 from .normalize import normalize
 from .program import Program
-from .scan_variants import ScanVariants, run_as, with_scans_under
-from .scans import ScanStrategy, kept_scans
+from .scan_variants import ScanVariants, run_as
+from .scans import ScanStrategy, kept_scans, with_scans_under
 
 _TRACED_CONTROL_FLOW = (
     "jdtr traces the whole step before it runs it (as jax.jit does: it plans the run ahead), so Python "
