@@ -11,16 +11,23 @@ from typing import Optional
 
 
 class CostSet:
-    """A union-find node; only a root's `cost` is meaningful. A root has no
-    parent (not itself: a node pointing at itself is a reference cycle, left
-    to Python's cycle collector; a simulation makes thousands)."""
+    """A union-find node; only a root's `cost` and `floor` are meaningful. A
+    root has no parent (not itself: a node pointing at itself is a reference
+    cycle, left to Python's cycle collector; a simulation makes thousands).
 
-    __slots__ = ("parent", "rank", "cost")
+    `floor` is a bound at most `cost` that a heuristic may file index keys
+    with (`DTREqClass`): while the cost stays above it, a key that counted
+    the floor still bounds the score, so a member leaving the set need not
+    refile its neighbours' keys. Unions add floors as they add costs; the
+    heuristic lowers a floor the cost has fallen under."""
 
-    def __init__(self, cost: float = 0.0):
+    __slots__ = ("parent", "rank", "cost", "floor")
+
+    def __init__(self, cost: float = 0.0, floor: Optional[float] = None):
         self.parent: Optional[CostSet] = None
         self.rank = 0
         self.cost = cost
+        self.floor = cost if floor is None else floor
 
 
 def find(node: CostSet) -> CostSet:
@@ -33,7 +40,7 @@ def find(node: CostSet) -> CostSet:
 
 
 def union(a: CostSet, b: CostSet) -> CostSet:
-    """Merges the sets of `a` and `b`; returns the new root, whose cost is the sum."""
+    """Merges the sets of `a` and `b`; returns the new root, whose cost (and floor) is the sum."""
     ra, rb = find(a), find(b)
     if ra is rb:
         return ra
@@ -43,4 +50,5 @@ def union(a: CostSet, b: CostSet) -> CostSet:
     if ra.rank == rb.rank:
         ra.rank += 1
     ra.cost += rb.cost
+    ra.floor += rb.floor
     return ra
