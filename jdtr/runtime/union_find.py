@@ -23,11 +23,11 @@ class CostSet:
 
     __slots__ = ("parent", "rank", "cost", "floor")
 
-    def __init__(self, cost: float = 0.0, floor: Optional[float] = None):
+    def __init__(self, cost: float = 0.0):
         self.parent: Optional[CostSet] = None
         self.rank = 0
         self.cost = cost
-        self.floor = cost if floor is None else floor
+        self.floor = cost  # (a new set's keys are exact)
 
 
 def find(node: CostSet) -> CostSet:

@@ -115,7 +115,10 @@ class ComponentHeuristic(IndexedHeuristic):
                 self.touch(neighbor)
         if self.keys_count_floors():
             if root.cost >= root.floor:
-                return  # every key that counted this set still bounds its score
+                # Every key that counted this set still bounds its score. The
+                # frontier is left as it is (its evicted members too) until the
+                # floor drops: it only grows by the rematerializations next to it.
+                return
             root.floor = root.cost - self.floor_slack * abs(root.cost)
         members = self._frontier.pop(root, None)
         if not members:
