@@ -1128,6 +1128,45 @@ def test_planning_reuses_work_across_budgets_and_does_not_keep_the_function_aliv
     assert all(f is not None for f in cpn.planning_cache.keys())
 
 
+def test_the_arrays_a_planned_function_closes_over_are_freed_with_it():
+    """A program keeps what the segment search computes for it on itself
+    (`ProgramMemo`): kept in weak maps keyed by the program, those values
+    held the program, which never went, and with it the arrays the user's
+    function closed over stayed on the device, one copy per function
+    planned (a loss made in a loop leaked at every call). Once the function
+    and its plans are dropped, none is left."""
+    import gc
+
+    w = jax.random.normal(jax.random.PRNGKey(0), (64, 64)) / 8
+    x = jax.random.normal(jax.random.PRNGKey(1), (512, 64))
+    shape = (333, 1031)  # (no other test's)
+
+    def made():
+        table = jax.random.normal(jax.random.PRNGKey(2), shape)
+
+        def loss(w, x):
+            h = x @ table[:64, :64]
+            for _ in range(16):
+                h = jnp.tanh(h @ w)
+            return jnp.sum(h**2)
+
+        return loss
+
+    def held():
+        gc.collect()
+        return sum(1 for a in jax.live_arrays() if a.shape == shape)
+
+    for call in range(2):
+        loss = made()
+        plan = biting_plan(loss, w, x, fraction=0.6, autotune=False)
+        assert plan.segments and plan.program.memo.flat_cuts  # the search cut the body
+        jax.block_until_ready(jax.jit(plan.grad)(w, x))
+        jax.block_until_ready(jax.jit(jdtr.remat_grad(loss, budget=plan.budget_bytes, autotune=False))(w, x))
+        assert held() > 0
+        del loss, plan
+        assert held() == 0, call
+
+
 def test_several_processes_plan_by_memory_alone(monkeypatch):
     """Across processes every one must run the same plan (their collectives
     meet), and step timings differ between them: no autotuning there."""
@@ -1377,13 +1416,12 @@ def test_the_cuts_of_a_program_are_the_same_with_its_ranges_cached_or_not(monkey
 
     kept = planned()
     assert any(seg.children for seg in kept.segments), kept.report()  # the nesting search ran
-    held = [c.range_values for c in segmentation._CROSSINGS.values()]
+    held = kept.program.memo.crossings.range_values
     monkeypatch.setattr(segmentation, "RANGE_VALUES_MAX", 1)
     bounded = planned()
     assert layout(bounded) == layout(kept) and bounded.compiled_bytes == kept.compiled_bytes
-    assert max(held) > 1000  # what the bound dropped
-    programs = [c for p, c in segmentation._CROSSINGS.items() if p is bounded.program]
-    assert programs and all(len(c.ranges) <= 1 for c in programs)
+    assert held > 1000  # what the bound dropped
+    assert len(bounded.program.memo.crossings.ranges) <= 1
 
 
 def test_the_cuts_of_a_program_are_the_same_with_its_flat_cuts_kept_or_not(monkeypatch):
@@ -1413,8 +1451,8 @@ def test_the_cuts_of_a_program_are_the_same_with_its_flat_cuts_kept_or_not(monke
     kept = cuts()
     assert len({k for k in kept if k is not None}) > 3  # saved sets and targets that cut differently
     assert any(seg.children for k in kept if k is not None for seg in k[0])  # nestings among them
-    entries = [e for p, es in segmentation._FLAT.items() if p is planning.forward for e in es.values()]
+    entries = list(planning.forward.memo.flat_cuts.values())
     assert len(entries) > 1 and any(e.memo for e in entries)
     monkeypatch.setattr(segmentation, "FLAT_CUTS_KEPT", 0)
-    segmentation._FLAT.clear()
+    planning.forward.memo.flat_cuts.clear()
     assert cuts() == kept

@@ -102,6 +102,18 @@ class Cond:
 Item = Union[Equation, Cond]
 
 
+@dataclass
+class ProgramMemo:
+    """What later passes compute once for a program, kept on it so that it
+    lives exactly as long as the program. (Kept in weak maps keyed by the
+    program, values that held the program never let it go: every program
+    planned stayed alive, and with it the arrays its function closed over,
+    on the device.)"""
+
+    crossings: Any = None  # `segments`: the values live across each cut of the body
+    flat_cuts: dict = field(default_factory=dict)  # `segments.flat_cuts`: per saved set, the most recent last
+
+
 @dataclass(eq=False)
 class Program:
     """Inputs, constants, a body and outputs; `release_after[i]` are the
@@ -113,6 +125,7 @@ class Program:
     outputs: tuple[Atom, ...]
     release_after: dict[int, list[Value]] = field(default_factory=dict)
     names: dict[str, Value] = field(default_factory=dict)  # `checkpoint_name`s seen
+    memo: "ProgramMemo" = field(default_factory=lambda: ProgramMemo(), repr=False)
 
     def __post_init__(self) -> None:
         self.release_after = liveness(self)

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import weakref
 from dataclasses import dataclass, field
 from typing import Callable, Mapping, Optional, Sequence
 
@@ -98,20 +97,19 @@ class _Crossings:
     range_values: int = 0  # the references `ranges` holds, bounded by RANGE_VALUES_MAX
 
 
-# One per program (its body is not changed once built): the search cuts the
-# same forward body for every simulated budget it tries. Planning a
-# transformer in `nnx.scan` at 12 MiB cut it 148 times, building 818k
-# segments, most of them of ranges seen in an earlier cut.
-_CROSSINGS: "weakref.WeakKeyDictionary[Program, _Crossings]" = weakref.WeakKeyDictionary()
+# One per program, kept on it (its body is not changed once built): the
+# search cuts the same forward body for every simulated budget it tries.
+# Planning a transformer in `nnx.scan` at 12 MiB cut it 148 times, building
+# 818k segments, most of them of ranges seen in an earlier cut.
 # A program's `ranges` are dropped past this many value references (8 bytes
 # each): a 430-equation GPT's search held 118k of them.
 RANGE_VALUES_MAX = 4_000_000
 
 
 def _crossings(program: Program) -> _Crossings:
-    found = _CROSSINGS.get(program)
+    found = program.memo.crossings
     if found is None:
-        found = _CROSSINGS[program] = _liveness_at_cuts(program)
+        found = program.memo.crossings = _liveness_at_cuts(program)
     return found
 
 
@@ -425,14 +423,13 @@ class FlatCuts:
             yield self.made[-1]
 
 
-# Per program (weakly), the `FlatCuts` of its last saved sets.
-_FLAT: "weakref.WeakKeyDictionary[Program, dict]" = weakref.WeakKeyDictionary()
+# Per program (on it), the `FlatCuts` of its last saved sets.
 FLAT_CUTS_KEPT = 32
 
 
 def flat_cuts(program: Program, saved: set, residuals: set, gradient_bytes: int, scans: Mapping) -> FlatCuts:
     """The flat candidates of `program` for `saved` (kept for its recent saved sets)."""
-    kept = _FLAT.setdefault(program, {})
+    kept = program.memo.flat_cuts
     key = (frozenset(saved), frozenset(residuals), gradient_bytes, tuple(sorted(scans.items())))
     found = kept.pop(key, None) or FlatCuts(program, saved, residuals, gradient_bytes, scans)
     kept[key] = found  # the most recent last
