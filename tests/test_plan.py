@@ -1130,11 +1130,11 @@ def test_planning_reuses_work_across_budgets_and_does_not_keep_the_function_aliv
 
 def test_the_arrays_a_planned_function_closes_over_are_freed_with_it():
     """A program keeps what the segment search computes for it on itself
-    (`ProgramMemo`): kept in weak maps keyed by the program, those values
-    held the program, which never went, and with it the arrays the user's
-    function closed over stayed on the device, one copy per function
-    planned (a loss made in a loop leaked at every call). Once the function
-    and its plans are dropped, none is left."""
+    (`ProgramMemo`). Kept in weak maps keyed by the program, those values
+    held the program, so it was never freed, nor were the arrays the user's
+    function closed over: one copy on the device per function planned (a
+    loss made in a loop leaked at every call). Once the function and its
+    plans are dropped, none is left."""
     import gc
 
     w = jax.random.normal(jax.random.PRNGKey(0), (64, 64)) / 8

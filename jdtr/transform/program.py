@@ -125,7 +125,7 @@ class Program:
     outputs: tuple[Atom, ...]
     release_after: dict[int, list[Value]] = field(default_factory=dict)
     names: dict[str, Value] = field(default_factory=dict)  # `checkpoint_name`s seen
-    memo: "ProgramMemo" = field(default_factory=lambda: ProgramMemo(), repr=False)
+    memo: ProgramMemo = field(default_factory=ProgramMemo, repr=False)  # (lives and dies with it)
 
     def __post_init__(self) -> None:
         self.release_after = liveness(self)
