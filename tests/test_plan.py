@@ -316,6 +316,46 @@ def test_autotune_keeps_the_fastest_plan_within_the_budget():
     assert_trees_close(tuned(w, x), jax.grad(loss)(w, x), rtol=1e-4, atol=1e-5)
 
 
+def test_autotuning_compiles_no_nest_that_reruns_more_than_the_uniform_plan():
+    """Autotuning's ladder of DTR's plans for smaller budgets stops, where
+    the uniform plan is timed, at its first plan of nested segments that
+    reruns more than the uniform plan (cost model): such nests ran slower
+    than it on every model measured. Here the ladder's lower rungs are such
+    nests: none is proposed, the rungs above them and the uniform plan are."""
+    from jdtr.transform import planning as cpn
+    from jdtr.transform.checkpoint_plan import layout
+    from jdtr.transform.plan_search import model_target
+    from jdtr.transform.segments import recompute_cost
+    from jdtr.transform.simulated_plans import autotune_candidates, search_simulated_budget, uniform_plan
+
+    loss = tanh_chain(32)
+    w = jax.random.normal(jax.random.PRNGKey(0), (64, 64)) / 8
+    x = jax.random.normal(jax.random.PRNGKey(1), (1024, 64))
+    base = jdtr.plan(loss, w, x, budget=0.7, autotune=False)
+    (entries,) = [e for f, e in cpn.planning_cache.items() if f is loss]
+    (planning,) = entries.values()
+    target, peak = model_target(planning, base.budget_bytes), planning.vg.unconstrained_peak()
+    uniform = uniform_plan(planning, base)
+    assert uniform.predicted_bytes <= target
+    reruns = lambda plan: recompute_cost(planning.forward, plan.segments)  # noqa: E731
+    nested = lambda plan: any(seg.children for seg in plan.segments)  # noqa: E731
+
+    ladder = [search_simulated_budget(planning, peak, target * s, "dtr_eq", steps=6) for s in cpn.AUTOTUNE_SCALES]
+    ladder = [p for p in ladder if p is not None and layout(p) != layout(base)]
+    first = next(i for i, p in enumerate(ladder) if nested(p) and reruns(p) > reruns(uniform))
+    proposed = list(autotune_candidates(planning, peak, target, "dtr_eq", cpn.AUTOTUNE_SCALES, base, {layout(base)}))
+    assert proposed[-1].origin == "uniform"
+    kept = list(dict.fromkeys(layout(p) for p in ladder[:first]))
+    assert [layout(p) for p in proposed[:-1]] == kept
+    assert all(not nested(p) or reruns(p) <= reruns(uniform) for p in proposed)
+
+    tuned = jdtr.plan(loss, w, x, budget=0.7)  # (the same planning, from the cache)
+    timed = {key for key, step in planning.steps.items() if step.executable is not None}  # (compiled to run)
+    assert layout(uniform) in timed and not timed & {layout(p) for p in ladder[first:]}
+    assert tuned.compiled_bytes <= tuned.budget_bytes
+    assert_trees_close(jax.jit(tuned.grad)(w, x), jax.grad(loss)(w, x), rtol=1e-3, atol=1e-3)  # (sums of 1024 rows)
+
+
 def test_autotune_runs_no_copy_of_the_arguments_beside_the_budget(monkeypatch):
     """Found on an H100: autotuning timed its candidates on example inputs
     made beside the caller's arrays, so the device held a candidate within
@@ -437,6 +477,7 @@ def test_uniform_candidate_is_sqrt_n_checkpointing():
     on a chain of 16 layers that is about sqrt(16) segments, as small in
     XLA's memory as a jax.checkpoint every 4 layers, with exact gradients."""
     from jdtr.transform import planning as cpn
+    from jdtr.transform.simulated_plans import uniform_plan
 
     loss = tanh_chain(16)
     w = jax.random.normal(jax.random.PRNGKey(0), (64, 64)) / 8
@@ -460,7 +501,7 @@ def test_uniform_candidate_is_sqrt_n_checkpointing():
     base = jdtr.plan(loss, w, x, budget=0.7, autotune=False)
     (entries,) = [e for f, e in cpn.planning_cache.items() if f is loss]
     (planning,) = entries.values()
-    uniform = cpn.uniform_plan(planning, base)
+    uniform = uniform_plan(planning, base)
     assert 3 <= len(uniform.segments) <= 6, uniform.report()
     assert all(seg.saved == () for seg in uniform.segments)
     assert "uniform segments saving nothing inside" in uniform.report()

@@ -51,7 +51,7 @@ from .costly import costly_candidate
 from .devices import DeviceScale, device_bytes, device_scale, is_sharded, placed_scale, placements, unsharded
 from .lowering import simulation
 from .plan_search import PlanSearch, SlowPlanWarning, least_target_in_reach, out_of_reach, past, scan_floor
-from .simulated_plans import search_simulated_budget, uniform_plan
+from .simulated_plans import autotune_candidates
 from .normalize import normalize
 from .program import Program, Value
 from .scans import (
@@ -448,19 +448,10 @@ def make_plan(
                     "autotune needs example inputs and cannot make PRNG keys of this JAX's types; the plan is chosen by the cost model", stacklevel=3
                 )
             return untimed()
-        # Candidates: the plans DTR makes for smaller budgets, which also fit.
-        # Coarser searches suffice for them (within 1/64 of the peak); each
-        # compiles in the background while the next is searched for and lowered.
-        def chosen_candidates():
-            for scale in AUTOTUNE_SCALES:
-                plan = search_simulated_budget(planning, search.sim_peak, search.effective_target * scale, heuristic, steps=6)
-                if plan is not None and layout(plan) not in search.tried:
-                    search.tried.add(layout(plan))
-                    yield plan
-            if not planning.kept_scans:  # (uniform segments would cut through a kept scan's neighbours alone)
-                uniform = uniform_plan(planning, chosen)
-                if uniform.predicted_bytes <= search.effective_target and layout(uniform) not in search.tried:
-                    yield uniform
+        # Candidates: the plans DTR makes for smaller budgets, which also fit,
+        # and the uniform plan; each compiles in the background while the
+        # next is searched for and lowered.
+        candidates = autotune_candidates(planning, search.sim_peak, search.effective_target, heuristic, AUTOTUNE_SCALES, chosen, search.tried)
 
         # The steps are timed on the caller's own arrays where they are concrete:
         # example inputs would sit on the device beside them, and a candidate
@@ -485,7 +476,7 @@ def make_plan(
         # The search's plans to time were only measured: they compile again, to
         # run, in the background with the candidates.
         searched = timed(search.compiled)
-        compiled = planning.compile(itertools.chain(searched, chosen_candidates()), run=True)
+        compiled = planning.compile(itertools.chain(searched, candidates), run=True)
         for candidate, step in compiled[len(searched):]:
             search.record(candidate, step.nbytes)
         # Where DTR's plan reruns much of what a plan saving the values dearest to

@@ -5,21 +5,22 @@ run never rematerialized are saved, and the forward program is cut into
 checkpoint segments around them (`segments.segments`). `flat_plans` reads
 flat plans at evenly spaced budgets; `uniform_plan` cuts without a run; and
 `search_simulated_budget` bisects the simulated budget for the largest plan
-whose predicted memory fits a target. `plan_search.PlanSearch` compiles and
-measures what these propose.
+whose predicted memory fits a target; `autotune_candidates` proposes the
+plans autotuning times. `plan_search.PlanSearch` compiles and measures what
+these propose.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from typing import AbstractSet, Any, Optional
+from typing import AbstractSet, Any, Iterator, Optional, Sequence
 
 from ..offline import run
 from ..runtime import Observer
 from .checkpoint import CONDS
 from .checkpoint_plan import Plan, layout
 from .program import Equation, Value
-from .segments import flat_cuts, predicted_bytes, segments, uniform_segments
+from .segments import flat_cuts, predicted_bytes, recompute_cost, segments, uniform_segments
 
 # How deep segments may nest, tried in turn until a plan's prediction fits:
 # flat, then nested. Deeper nesting keeps fewer inputs (about log N levels
@@ -151,3 +152,34 @@ def search_simulated_budget(
         # the segments alone, cut from the unconstrained run, may still fit.
         return plan_at(planning, max(int(sim_peak), 1), target, heuristic, 3)
     return smallest
+
+
+def autotune_candidates(
+    planning: Any, sim_peak: int, target: float, heuristic, scales: Sequence[float], base: Plan, tried: set
+) -> Iterator[Plan]:
+    """The plans autotuning compiles and times beside `base` (the search's):
+    DTR's for `scales` of `target` (coarser searches: within 1/64 of the
+    peak), then the uniform plan, each whose layout is not in `tried` (DTR's
+    are added to it). Where the uniform plan is timed, the ladder stops at its
+    first plan of nested segments that reruns more than it (cost model): a
+    nest runs its forward again once per level, and lower scales nest
+    deeper. Such plans ran slower than the uniform one on every model
+    measured (a 6-block transformer 1.28x, a ResNet 1.6x, a 64-layer MLP
+    1.2-1.6x, a 6-layer CNN 1.4x; docs/benchmarks.md), so compiling them
+    was time lost to planning."""
+    uniform = None
+    if not planning.kept_scans:  # (uniform segments would cut through a kept scan's neighbours alone)
+        uniform = uniform_plan(planning, base)
+        if uniform.predicted_bytes > target or layout(uniform) in tried:
+            uniform = None
+    reruns = float("inf") if uniform is None else recompute_cost(planning.forward, uniform.segments)
+    for scale in scales:
+        plan = search_simulated_budget(planning, sim_peak, target * scale, heuristic, steps=6)
+        if plan is None or layout(plan) in tried:
+            continue
+        if any(s.children for s in plan.segments) and recompute_cost(planning.forward, plan.segments) > reruns:
+            break
+        tried.add(layout(plan))
+        yield plan
+    if uniform is not None and layout(uniform) not in tried:
+        yield uniform
