@@ -50,7 +50,7 @@ from .compiled import CompiledStep, compile_all, compiled_bytes, lower, measure_
 from .costly import costly_candidate
 from .devices import DeviceScale, device_bytes, device_scale, is_sharded, placed_scale, placements, unsharded
 from .lowering import simulation
-from .plan_search import PlanSearch, SlowPlanWarning, least_target_in_reach, out_of_reach, past, scan_floor
+from .plan_search import PlanSearch, SlowPlanWarning, least_target_in_reach, model_target, out_of_reach, past, scan_floor
 from .simulated_plans import autotune_candidates
 from .normalize import normalize
 from .program import Program, Value
@@ -448,11 +448,6 @@ def make_plan(
                     "autotune needs example inputs and cannot make PRNG keys of this JAX's types; the plan is chosen by the cost model", stacklevel=3
                 )
             return untimed()
-        # Candidates: the plans DTR makes for smaller budgets, which also fit,
-        # and the uniform plan; each compiles in the background while the
-        # next is searched for and lowered.
-        candidates = autotune_candidates(planning, search.sim_peak, search.effective_target, heuristic, AUTOTUNE_SCALES, chosen, search.tried)
-
         # The steps are timed on the caller's own arrays where they are concrete:
         # example inputs would sit on the device beside them, and a candidate
         # within the budget plus a second copy of the arguments is not (on an
@@ -463,6 +458,11 @@ def make_plan(
         if inputs is None:
             inputs = example_inputs(structs)
             copies = sum(device_bytes(x) for x in inputs)  # (per device, as the budget)
+        # Candidates: the plans DTR makes for smaller budgets, which also fit,
+        # and the uniform plan (timed where it fits beside the copy); each
+        # compiles in the background while the next is searched for and lowered.
+        beside = search.effective_target if not copies else min(search.effective_target, model_target(planning, limit - copies))
+        candidates = autotune_candidates(planning, search.sim_peak, search.effective_target, beside, heuristic, AUTOTUNE_SCALES, chosen, search.tried)
 
         def timed(plans: list[Plan]) -> list[Plan]:
             fitting = [plan for plan in plans if plan.compiled_bytes + copies <= limit]

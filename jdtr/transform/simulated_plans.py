@@ -155,12 +155,15 @@ def search_simulated_budget(
 
 
 def autotune_candidates(
-    planning: Any, sim_peak: int, target: float, heuristic, scales: Sequence[float], base: Plan, tried: set
+    planning: Any, sim_peak: int, target: float, timed_within: float, heuristic, scales: Sequence[float], base: Plan,
+    tried: set,
 ) -> Iterator[Plan]:
     """The plans autotuning compiles and times beside `base` (the search's):
     DTR's for `scales` of `target` (coarser searches: within 1/64 of the
     peak), then the uniform plan, each whose layout is not in `tried` (DTR's
-    are added to it). Where the uniform plan is timed, the ladder stops at its
+    are added to it); all in the memory model's bytes. Where the uniform plan
+    is timed (its prediction is within `timed_within`: the target, or less
+    where example inputs are timed beside it), the ladder stops at its
     first plan of nested segments that reruns more than it (cost model): a
     nest runs its forward again once per level, and lower scales nest
     deeper. Such plans ran slower than the uniform one on every model
@@ -172,7 +175,8 @@ def autotune_candidates(
         uniform = uniform_plan(planning, base)
         if uniform.predicted_bytes > target or layout(uniform) in tried:
             uniform = None
-    reruns = float("inf") if uniform is None else recompute_cost(planning.forward, uniform.segments)
+    timed = uniform is not None and uniform.predicted_bytes <= timed_within
+    reruns = recompute_cost(planning.forward, uniform.segments) if timed else float("inf")
     for scale in scales:
         plan = search_simulated_budget(planning, sim_peak, target * scale, heuristic, steps=6)
         if plan is None or layout(plan) in tried:
